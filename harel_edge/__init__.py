@@ -1,0 +1,41 @@
+"""harel_edge: harel's durable statecharts and workflows on libSQL/Turso, at the edge.
+
+Nothing here reads the environment at import: settings are read when `EdgeSettings.load()`
+(or a `from_settings()` builder) is called.
+"""
+
+from harel_edge.aio_transport import AsyncLibsqlTransport
+from harel_edge.connection import EdgeConnection, connect
+from harel_edge.errors import (
+    AmbiguousCommitError,
+    AuthError,
+    ConfigurationError,
+    HarelEdgeError,
+    NotADatabaseError,
+    PrimaryUnavailableError,
+    SchemaError,
+    SchemaTooNewError,
+)
+from harel_edge.schema import SCHEMA_VERSION
+from harel_edge.settings import EdgeSettings
+from harel_edge.transport import LibsqlTransport, Message
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "AmbiguousCommitError",
+    "AsyncLibsqlTransport",
+    "AuthError",
+    "ConfigurationError",
+    "EdgeConnection",
+    "EdgeSettings",
+    "HarelEdgeError",
+    "LibsqlTransport",
+    "Message",
+    "NotADatabaseError",
+    "PrimaryUnavailableError",
+    "SchemaError",
+    "SchemaTooNewError",
+    "connect",
+]

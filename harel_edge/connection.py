@@ -1,0 +1,179 @@
+"""Open a libsql connection for a profile, configured for what the profile can promise.
+
+One place decides how each profile talks to its data, so the transport and the durable stores
+cannot drift apart:
+
+- `local`: a file on this machine, with WAL (readers never block the writer), `synchronous`
+  from the settings (FULL by default: a commit that returned survives power loss) and a busy
+  timeout (a second process waits for the write lock instead of failing at once);
+- `sqld`: a server over Hrana/HTTP. Durability is the server's (sqld's WAL on its disk); there is
+  no local state, every statement is a round trip;
+- `replica`: a local embedded replica. Reads are served from the local file and may lag the
+  primary; writes are delegated to the primary, after which the replica catches up with its own
+  write. Synced once at start, then every `sync_interval` seconds if set, and on demand.
+
+`EdgeConnection` is deliberately thin: one statement in, all its rows out. Retrying belongs to
+`retry.py` and to the callers that know how to tell whether an ambiguous write happened.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import libsql
+
+from harel_edge.errors import AuthError, NotADatabaseError, PrimaryUnavailableError
+from harel_edge.settings import EdgeSettings
+
+Rows = list[tuple]
+
+
+class EdgeConnection:
+    """One libsql connection and what its profile means for it.
+
+    Not thread-safe by itself: a caller that shares one across threads serializes them (the
+    async transport and the durable `Database` do, with a lock), because a transaction belongs
+    to the connection and a statement from another caller would land inside it.
+    """
+
+    def __init__(self, settings: EdgeSettings) -> None:
+        self.settings = settings
+        self.profile: str = settings.profile or "local"
+        self.last_sync_at: float | None = None
+        self.last_sync_error: str | None = None
+        self._raw: Any = None
+        self._raw = _open(settings)
+        if self.profile == "replica":
+            self.sync()
+
+    def __repr__(self) -> str:  # never the token
+        where = self.settings.server or self.settings.db_path
+        return f"<EdgeConnection profile={self.profile} at {where}>"
+
+    @property
+    def raw(self) -> Any:
+        """The driver's connection, for code that needs a driver feature this class lacks."""
+        return self._raw
+
+    @property
+    def is_remote(self) -> bool:
+        """True when writes travel to a primary (and so may be ambiguous)."""
+        return self.profile in ("sqld", "replica")
+
+    def execute(self, sql: str, params: tuple | list = ()) -> Rows:
+        """Run one statement and return every row it produced (RETURNING rows included)."""
+        cursor = self._raw.execute(sql, tuple(params))
+        return cursor.fetchall() if cursor.description else []
+
+    def executemany(self, sql: str, rows: list[tuple]) -> None:
+        self._raw.executemany(sql, rows)
+
+    def sync(self) -> None:
+        """Pull the primary's changes into the embedded replica; nothing to do elsewhere."""
+        if self.profile != "replica":
+            return
+        try:
+            self._raw.sync()
+        except Exception as exc:
+            self.last_sync_error = str(exc)
+            raise
+        self.last_sync_at = time.time()
+        self.last_sync_error = None
+
+    def reopen(self) -> None:
+        """Replace a connection left unusable by a broken link (libsql does not recover one)."""
+        old, self._raw = self._raw, None
+        try:
+            old.close()
+        except Exception:  # noqa: BLE001 - the old one is broken; closing it is a courtesy
+            pass
+        self._raw = _open(self.settings)
+        if self.profile == "replica":
+            self.sync()
+
+    def close(self) -> None:
+        if self._raw is not None:
+            self._raw.close()
+            self._raw = None
+
+
+def connect(settings: EdgeSettings | None = None, **overrides: Any) -> EdgeConnection:
+    """Open the profile's connection: `connect()` reads the environment; keywords override it."""
+    if settings is None:
+        settings = EdgeSettings.load(**overrides)
+    elif overrides:
+        settings = settings.model_copy(update=overrides)
+    return EdgeConnection(settings)
+
+
+def local_pragmas(settings: EdgeSettings) -> list[str]:
+    """What makes a local file durable rather than merely persistent (see the module doc)."""
+    return [
+        "PRAGMA journal_mode=WAL",
+        f"PRAGMA synchronous={settings.durability.upper()}",
+        f"PRAGMA busy_timeout={settings.busy_timeout_ms}",
+    ]
+
+
+def _open(settings: EdgeSettings) -> Any:
+    token = settings.auth_token.get_secret_value() if settings.auth_token else ""
+    base: dict[str, Any] = {"isolation_level": None, "_check_same_thread": False}
+    try:
+        if settings.profile == "sqld":
+            conn = libsql.connect(settings.url, auth_token=token, **base)
+            conn.execute("SELECT 1").fetchall()  # connecting is lazy: find a bad URL or token now
+            return conn
+        if settings.profile == "replica":
+            Path(settings.db_path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            kwargs = dict(base, sync_url=settings.sync_url, auth_token=token)
+            if settings.sync_interval is not None:
+                kwargs["sync_interval"] = settings.sync_interval
+            return libsql.connect(str(Path(settings.db_path).expanduser()), **kwargs)
+        path = settings.db_path
+        if path != ":memory:":
+            Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            path = str(Path(path).expanduser())
+        conn = libsql.connect(path, timeout=settings.busy_timeout_ms / 1000, **base)
+        for pragma in local_pragmas(settings):
+            conn.execute(pragma).fetchall()
+        return conn
+    except Exception as exc:
+        raise explain_connect_error(settings, exc) from None
+
+
+def explain_connect_error(settings: EdgeSettings, exc: BaseException) -> Exception:
+    """Turn the driver's terse message into one that says what to do, without the token."""
+    text = str(exc)
+    lowered = text.lower()
+    where = settings.server or settings.db_path
+    if "file is not a database" in lowered or "not a database" in lowered or "malformed" in lowered:
+        return NotADatabaseError(
+            f"{settings.db_path} is not a SQLite/libSQL database ({text}): point HAREL_EDGE_DB_PATH "
+            "at a harel_edge database or a new file; the file was left untouched"
+        )
+    if any(word in lowered for word in ("401", "403", "unauthorized", "forbidden", "jwt", "auth")):
+        return AuthError(
+            f"the primary at {where} refused the credentials ({_scrub(text, settings)}): set "
+            "HAREL_EDGE_AUTH_TOKEN to a valid read-write token for this database"
+        )
+    if any(
+        word in lowered
+        for word in ("connection refused", "connect error", "dns", "timed out", "error trying to connect",
+                     "tcp connect", "hyper", "no route", "unreachable", "sync error", "connection reset")
+    ):
+        return PrimaryUnavailableError(
+            f"cannot reach the primary at {where} ({_scrub(text, settings)}): check that it runs and "
+            "that HAREL_EDGE_URL / HAREL_EDGE_SYNC_URL is its HTTP address"
+        )
+    return exc if isinstance(exc, Exception) else RuntimeError(text)
+
+
+def _scrub(text: str, settings: EdgeSettings) -> str:
+    """Remove the token from a driver message, should the driver ever echo it."""
+    if settings.auth_token:
+        secret = settings.auth_token.get_secret_value()
+        if secret:
+            text = text.replace(secret, "**********")
+    return text

@@ -1,0 +1,45 @@
+"""The errors harel_edge raises on purpose.
+
+Every one of them carries a message that says what went wrong *and what to do next*, because
+the person reading it is usually an operator looking at a worker's log, not the author of the
+code. None of them ever includes a secret: tokens are `SecretStr` in the settings and are never
+formatted into a message.
+"""
+
+from __future__ import annotations
+
+
+class HarelEdgeError(Exception):
+    """Base of every error harel_edge raises deliberately."""
+
+
+class ConfigurationError(HarelEdgeError, ValueError):
+    """A setting is missing, malformed or contradicts another one.
+
+    Raised when the settings are read (at start), never later, so a worker with a bad
+    configuration does not start at all rather than failing on its first claim.
+    """
+
+
+class SchemaError(HarelEdgeError):
+    """The database's schema is not one this version can use."""
+
+
+class SchemaTooNewError(SchemaError):
+    """The database was written by a newer harel_edge: refusing to touch it protects its data."""
+
+
+class NotADatabaseError(HarelEdgeError):
+    """The file is not a SQLite/libSQL database (corrupt, encrypted, or some other file)."""
+
+
+class PrimaryUnavailableError(HarelEdgeError):
+    """The primary could not be reached, even after the retry policy's attempts."""
+
+
+class AuthError(HarelEdgeError):
+    """The primary refused the token: missing, invalid, expired, or read-only for a write."""
+
+
+class AmbiguousCommitError(HarelEdgeError):
+    """A write's outcome could not be established, even by looking it up afterwards."""

@@ -1,0 +1,182 @@
+"""Which errors are worth another attempt, and the tenacity policies that make them.
+
+This is the only module that uses tenacity, so there is one place to read to know how
+harel_edge behaves on a flaky link to the primary: exponential backoff with full jitter, a cap
+on each delay, a cap on attempts AND on total time (always a stop), and a log line for every
+attempt that failed.
+
+The libsql driver raises `ValueError` with the server's or the transport's message for almost
+everything, so the classification is by message. A transient error is one where the same
+statement may succeed later unchanged: the link (refused, reset, timed out), sqld's own
+expiries (an idle Hrana stream after 10 s, a transaction aborted after 5 s holding the write
+lock), a busy or locked file, a failed sync. Constraint violations, syntax errors, missing
+tables and refused credentials are never transient: retrying them only delays the error.
+
+What is *not* decided here is whether a failed write happened anyway (an ambiguous commit):
+only the caller knows how to look (a claim token, a step row), so `call_with_retry` takes a
+`resolve` callback that runs after a transient failure and before the next attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import structlog
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_random_exponential,
+)
+
+from harel_edge.settings import EdgeSettings
+
+log = structlog.get_logger("harel_edge.retry")
+T = TypeVar("T")
+
+# Never transient, checked first: the same statement would fail the same way again.
+PERMANENT_MARKERS = (
+    "constraint failed",
+    "unique constraint",
+    "syntax error",
+    "no such table",
+    "no such column",
+    "has no column",
+    "duplicate column",
+    "datatype mismatch",
+    "not authorized",
+    "unauthorized",
+    "forbidden",
+    "401",
+    "403",
+    "jwt",
+    "authorization",
+    "read-only",
+    "readonly",
+    "not a database",
+    "malformed",
+    "schema version",
+)
+
+# Transient: the link or the server's expiries, or the write lock being held.
+TRANSIENT_MARKERS = (
+    "database is locked",
+    "database is busy",
+    "sqlite_busy",
+    "transaction timed-out",
+    "transaction timed out",
+    "stream expired",
+    "stream not found",
+    "connection refused",
+    "connection reset",
+    "connection closed",
+    "connection aborted",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "error trying to connect",
+    "tcp connect error",
+    "hyper",
+    "http error",
+    "status=5",
+    "502",
+    "503",
+    "504",
+    "sync error",
+    "failed to sync",
+    "replication",
+    "invalid state",
+    "unexpected eof",
+    "end of file",
+    "channel closed",
+    "operation was canceled",
+    "service unavailable",
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when the operation may succeed if tried again unchanged."""
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    if not isinstance(exc, (ValueError, RuntimeError, OSError)):
+        return False
+    text = str(exc).lower()
+    if any(marker in text for marker in PERMANENT_MARKERS):
+        return False
+    return any(marker in text for marker in TRANSIENT_MARKERS)
+
+
+def needs_reopen(exc: BaseException) -> bool:
+    """True when the driver's connection itself is unusable after this error."""
+    text = str(exc).lower()
+    return any(
+        marker in text
+        for marker in ("invalid state", "stream expired", "stream not found", "connection closed",
+                       "connection reset", "broken pipe", "unexpected eof", "channel closed")
+    )
+
+
+def _log_attempt(operation: str) -> Callable[[RetryCallState], None]:
+    def before_sleep(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        log.warning(
+            "retrying",
+            operation=operation,
+            attempt=state.attempt_number,
+            sleep=round(state.next_action.sleep, 3) if state.next_action else None,
+            error=str(exc)[:300] if exc else None,
+        )
+
+    return before_sleep
+
+
+def policy(settings: EdgeSettings, operation: str) -> Retrying:
+    """The retry policy for one operation, from the settings."""
+    return Retrying(
+        retry=retry_if_exception(is_transient),
+        wait=wait_random_exponential(multiplier=settings.retry_initial_delay, max=settings.retry_max_delay),
+        stop=stop_after_attempt(settings.retry_attempts) | stop_after_delay(settings.retry_deadline),
+        before_sleep=_log_attempt(operation),
+        reraise=True,
+    )
+
+
+def call_with_retry(
+    settings: EdgeSettings,
+    operation: str,
+    attempt: Callable[[], T],
+    *,
+    recover: Callable[[BaseException], None] | None = None,
+    resolve: Callable[[], T | None] | None = None,
+) -> T:
+    """Run `attempt` under the policy.
+
+    After a transient failure, `recover(exc)` repairs the connection (reopen, sync) and then
+    `resolve()` looks up whether the failed attempt took effect anyway; if it returns a value
+    other than None, that is the result and nothing is attempted again.
+    """
+    failed = False
+    for tried in policy(settings, operation):
+        with tried:
+            if failed:
+                if resolve is not None:
+                    found = resolve()
+                    if found is not None:
+                        log.info("ambiguous write resolved", operation=operation, outcome="applied")
+                        return found
+            try:
+                return attempt()
+            except BaseException as exc:
+                if is_transient(exc):
+                    failed = True
+                    if recover is not None:
+                        try:
+                            recover(exc)
+                        except Exception as again:  # noqa: BLE001 - the next attempt reports it
+                            log.warning("recovery failed", operation=operation, error=str(again)[:300])
+                raise
+    raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+

@@ -1,0 +1,207 @@
+"""Every table harel_edge creates, the schema version, and the upgrade from older files.
+
+The transport's two tables are exactly the ones harel's own `SqliteTransport` and
+`LibsqlTransport` create, plus the `routing_key` column, so harel and harel_edge can share a
+file and a harel user's existing queue is upgraded in place rather than copied.
+
+What harel_edge adds beside them is there to make every queue operation ONE statement, which is
+what makes it one round trip to a remote primary and atomic without an interactive
+transaction (FACTS.md: interactive transactions through embedded replicas deadlock until
+sqld's 5 s timeout and leave ambiguous commits behind):
+
+- a view, `<prefix>_transport_publish`, whose INSTEAD OF INSERT trigger writes the group row
+  (first publish wins: INSERT OR IGNORE) and then the message, so a publish, or a batch of them
+  as one multi-row INSERT, is a single statement;
+- a trigger that stamps the group's `last_claimed_at` with the database's clock when one of its
+  messages is leased, so the claim's single UPDATE also advances the round-robin;
+- a trigger that drops a group row when its last message is deleted, so ack is one DELETE.
+
+The version lives in `PRAGMA user_version`, one number for the file. A file whose number is
+higher than `SCHEMA_VERSION` was written by a newer harel_edge and is refused. Upgrading is
+idempotent and safe when several processes start at once: every statement is `IF NOT EXISTS`,
+and the one that cannot be (`ALTER TABLE ... ADD COLUMN`) tolerates losing the race.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from harel.engine.schema import DEFAULT_PREFIX, Names
+
+from harel_edge.errors import SchemaTooNewError
+
+# 4 is harel 0.9's transport (no routing_key); 5 adds routing_key, the publish view, the two
+# triggers and the durable stores' tables.
+SCHEMA_VERSION = 5
+
+PARKED = "__parked__"  # harel's sentinel `locked_by` for a message parked by nack(delay > 0)
+
+
+@dataclass(frozen=True)
+class EdgeNames:
+    """The names of what harel_edge creates under `prefix`, on top of harel's own `Names`."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        Names(self.prefix)  # validates the prefix, with harel's message
+
+    @property
+    def messages(self) -> str:
+        return Names(self.prefix).messages
+
+    @property
+    def groups(self) -> str:
+        return Names(self.prefix).groups
+
+    @property
+    def publish_view(self) -> str:
+        return f"{self.prefix}_transport_publish"
+
+    @property
+    def claim_trigger(self) -> str:
+        return f"{self.prefix}_transport_on_claim"
+
+    @property
+    def drain_trigger(self) -> str:
+        return f"{self.prefix}_transport_on_drain"
+
+    @property
+    def routing_index(self) -> str:
+        return f"{self.prefix}_transport_groups_by_routing_key"
+
+
+def transport_tables(prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """The two tables and their indexes as the spec (and harel 0.9) create them."""
+    n = EdgeNames(prefix)
+    return [
+        f"CREATE TABLE IF NOT EXISTS {n.messages} ("
+        " seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " group_id TEXT NOT NULL,"
+        " event TEXT NOT NULL,"
+        " locked_by TEXT,"
+        " lock_expiry REAL)",
+        f"CREATE TABLE IF NOT EXISTS {n.groups} ("
+        " group_id TEXT PRIMARY KEY,"
+        " last_claimed_at REAL NOT NULL DEFAULT 0.0,"
+        " priority INT NOT NULL DEFAULT 0,"
+        " routing_key TEXT)",
+        f"CREATE INDEX IF NOT EXISTS {n.groups}_by_last_claimed ON {n.groups} (last_claimed_at)",
+        f"CREATE INDEX IF NOT EXISTS {n.messages}_by_group ON {n.messages} (group_id, seq)",
+    ]
+
+
+def routing_upgrade(prefix: str = DEFAULT_PREFIX) -> str:
+    """The one statement that upgrades harel 0.9's groups table: for a migration tool to run once."""
+    return f"ALTER TABLE {EdgeNames(prefix).groups} ADD COLUMN routing_key TEXT"
+
+
+def transport_additions(prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """What harel_edge adds to the transport tables; needs `routing_key` to exist."""
+    n = EdgeNames(prefix)
+    return [
+        f"CREATE INDEX IF NOT EXISTS {n.routing_index} ON {n.groups} (routing_key, last_claimed_at)",
+        # Never returns rows: it exists to be inserted into. Its columns are a publish's inputs.
+        f"CREATE VIEW IF NOT EXISTS {n.publish_view} AS"
+        f" SELECT m.group_id, m.event, g.priority, g.routing_key"
+        f" FROM {n.messages} m JOIN {n.groups} g ON g.group_id = m.group_id WHERE 0",
+        # The group row first: a message is only claimable through its group, so a message
+        # whose group row were missing would be stranded. Both happen in the one statement.
+        f"CREATE TRIGGER IF NOT EXISTS {n.publish_view} INSTEAD OF INSERT ON {n.publish_view} BEGIN"
+        f" INSERT OR IGNORE INTO {n.groups} (group_id, priority, routing_key)"
+        f" VALUES (NEW.group_id, COALESCE(NEW.priority, 0), NEW.routing_key);"
+        f" INSERT INTO {n.messages} (group_id, event) VALUES (NEW.group_id, NEW.event);"
+        f" END",
+        # A lease (not a park, not a release) advances the group's round-robin position, by the
+        # database's clock: one clock for every worker, and only its order matters.
+        f"CREATE TRIGGER IF NOT EXISTS {n.claim_trigger} AFTER UPDATE OF locked_by ON {n.messages}"
+        f" WHEN NEW.locked_by IS NOT NULL AND NEW.locked_by <> '{PARKED}' BEGIN"
+        f" UPDATE {n.groups} SET last_claimed_at = unixepoch('subsec') WHERE group_id = NEW.group_id;"
+        f" END",
+        f"CREATE TRIGGER IF NOT EXISTS {n.drain_trigger} AFTER DELETE ON {n.messages} BEGIN"
+        f" DELETE FROM {n.groups} WHERE group_id = OLD.group_id"
+        f" AND NOT EXISTS (SELECT 1 FROM {n.messages} WHERE group_id = OLD.group_id);"
+        f" END",
+    ]
+
+
+def durable_tables() -> list[str]:
+    """The durable stores' tables (checkpoints, claims, the scheduler queue), as the spec names them."""
+    return [
+        "CREATE TABLE IF NOT EXISTS workflow_checkpoint ("
+        " seq INTEGER PRIMARY KEY,"
+        " workflow TEXT NOT NULL,"
+        " step TEXT NOT NULL,"
+        " value TEXT NOT NULL,"
+        " written_at REAL NOT NULL DEFAULT (unixepoch('now', 'subsec')),"
+        " UNIQUE (workflow, step))",
+        "CREATE TABLE IF NOT EXISTS workflow_claim ("
+        " workflow TEXT PRIMARY KEY,"
+        " token INTEGER NOT NULL,"
+        " held_until REAL NOT NULL,"
+        " alive_until REAL NOT NULL,"
+        " alive_for REAL NOT NULL"
+        ") WITHOUT ROWID",
+        "CREATE TABLE IF NOT EXISTS workflow_queue ("
+        " namespace TEXT NOT NULL,"
+        " workflow TEXT NOT NULL,"
+        " visible_at REAL NOT NULL,"
+        " PRIMARY KEY (namespace, workflow)"
+        ") WITHOUT ROWID",
+        "CREATE INDEX IF NOT EXISTS workflow_queue_visible_at ON workflow_queue (namespace, visible_at)",
+    ]
+
+
+def migration_sql(prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """The whole schema as a migration tool should run it on a NEW database, in order.
+
+    On a database made by harel 0.9 (no routing_key), run `routing_upgrade(prefix)` once
+    between the tables and the additions; `harel-edge migrate --print-sql` prints this.
+    """
+    return [
+        *transport_tables(prefix),
+        *transport_additions(prefix),
+        *durable_tables(),
+        f"PRAGMA user_version = {SCHEMA_VERSION}",
+    ]
+
+
+Execute = Callable[[str], list[tuple]]
+
+
+def migrate(execute: Execute, prefix: str = DEFAULT_PREFIX) -> int:
+    """Bring the file up to `SCHEMA_VERSION` through `execute` (one statement, returns rows).
+
+    Returns the version the file had before. Safe to run from every process at every start.
+    """
+    found = int(execute("PRAGMA user_version")[0][0])
+    if found > SCHEMA_VERSION:
+        raise SchemaTooNewError(
+            f"this database has schema version {found}, newer than {SCHEMA_VERSION} which this "
+            "harel_edge understands: upgrade harel_edge on this machine (never downgrade a database)"
+        )
+    for statement in transport_tables(prefix):
+        execute(statement)
+    _add_routing_key(execute, prefix)
+    for statement in (*transport_additions(prefix), *durable_tables()):
+        execute(statement)
+    if found < SCHEMA_VERSION:
+        execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    return found
+
+
+def has_routing_key(execute: Execute, prefix: str = DEFAULT_PREFIX) -> bool:
+    columns = execute(f"PRAGMA table_info({EdgeNames(prefix).groups})")
+    return any(row[1] == "routing_key" for row in columns)
+
+
+def _add_routing_key(execute: Execute, prefix: str) -> None:
+    """SQLite has no ADD COLUMN IF NOT EXISTS: look, add, and accept losing a race to add it."""
+    if has_routing_key(execute, prefix):
+        return
+    try:
+        execute(routing_upgrade(prefix))
+    except Exception as exc:  # noqa: BLE001 - re-raised unless it is the race we expect
+        if "duplicate column" not in str(exc).lower():
+            raise

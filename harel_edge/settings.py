@@ -1,0 +1,302 @@
+"""EdgeSettings: one configuration profile, read from the environment when asked for.
+
+A deployment is configured by environment variables (prefix `HAREL_EDGE_`, or a `.env` file),
+so the same image runs as a laptop demo, a worker against a sqld server, or an edge worker
+with an embedded replica. harel's own `HAREL_LIBSQL_DB`, `HAREL_LIBSQL_SYNC_URL` and
+`HAREL_LIBSQL_AUTH_TOKEN` are accepted too, so a harel user can switch without renaming.
+
+Settings are read when `EdgeSettings.load()` is called, never at import: importing harel_edge
+must not fail, or depend on, the environment of the process that imports it.
+
+Every wrong combination fails here, at start, with a `ConfigurationError` that names the
+variable and says what to set: a worker that cannot work should not start.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from harel.engine.schema import Names
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from harel_edge.errors import ConfigurationError
+
+Profile = Literal["local", "sqld", "replica"]
+PROFILES: tuple[str, ...] = ("local", "sqld", "replica")
+
+# The schemes libsql.connect accepts for a server. `libsql://` is Turso's (TLS); `http://` is a
+# self-hosted sqld's Hrana-over-HTTP port.
+SERVER_SCHEMES = ("http", "https", "libsql", "ws", "wss")
+
+# A sync_interval below this re-syncs so often that the replica spends its time syncing rather
+# than serving; above the ceiling the replica's reads are too stale for the lease arithmetic
+# to mean anything. See docs/tuning.md for the measurements.
+MIN_SYNC_INTERVAL = 0.05
+MAX_SYNC_INTERVAL = 3600.0
+
+
+def _env(field: str) -> str:
+    """The variable a user sets for `field`, as error messages name it."""
+    return f"HAREL_EDGE_{field.upper()}"
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _is_url(value: str) -> bool:
+    return "://" in value
+
+
+class EdgeSettings(BaseSettings):
+    """Where the data lives and how to reach it, plus the queue's and the retry policy's knobs.
+
+    Build it with `EdgeSettings.load()` (which turns validation failures into a
+    `ConfigurationError` that names the variable), or with keyword arguments in code and tests.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="HAREL_EDGE_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        populate_by_name=True,
+        validate_default=True,
+    )
+
+    profile: Profile | None = Field(
+        default=None,
+        description="local (one SQLite file, the default), sqld (a server over HTTP) or replica "
+        "(an embedded replica synced with a primary). Inferred from the other settings when unset.",
+    )
+    db_path: str = Field(
+        default="harel_edge.db",
+        validation_alias=AliasChoices("db_path", "HAREL_EDGE_DB_PATH", "HAREL_LIBSQL_DB"),
+        description="The database file (local) or the replica's local file (replica).",
+    )
+    url: str | None = Field(
+        default=None,
+        description="The server to talk to on the sqld profile: http(s)://host:port or libsql://…",
+    )
+    sync_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("sync_url", "HAREL_EDGE_SYNC_URL", "HAREL_LIBSQL_SYNC_URL"),
+        description="The primary an embedded replica syncs with (replica profile).",
+    )
+    auth_token: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("auth_token", "HAREL_EDGE_AUTH_TOKEN", "HAREL_LIBSQL_AUTH_TOKEN"),
+        description="The JWT the primary expects. Never logged or shown.",
+    )
+    sync_interval: float | None = Field(
+        default=None,
+        description="Seconds between background syncs of an embedded replica; unset: sync on demand.",
+    )
+    prefix: str = Field(default="harel", description="Prefix of every table harel_edge creates.")
+    busy_timeout_ms: int = Field(
+        default=5000, description="How long a writer waits for the file's write lock (local profile)."
+    )
+    durability: Literal["full", "normal"] = Field(
+        default="full",
+        description="PRAGMA synchronous on the local profile: full survives power loss, normal may lose "
+        "the last commits on an OS crash.",
+    )
+    visibility: float = Field(default=30.0, description="Seconds a claimed message stays leased.")
+    routing_keys: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(), description="Comma-separated routing keys this worker claims; empty: any group."
+    )
+    worker_id: str = Field(default_factory=_default_worker_id, description="This worker's name in leases.")
+    retry_attempts: int = Field(default=8, description="Attempts for a transient error before giving up.")
+    retry_initial_delay: float = Field(default=0.05, description="First backoff delay, seconds.")
+    retry_max_delay: float = Field(default=5.0, description="Cap on one backoff delay, seconds.")
+    retry_deadline: float = Field(default=60.0, description="Cap on the time one operation may retry.")
+    metrics_port: int | None = Field(default=None, description="Serve Prometheus metrics on this port.")
+
+    # ---- field checks: each names its variable ------------------------------------------------
+
+    @field_validator("routing_keys", mode="before")
+    @classmethod
+    def _split_routing_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("profile", mode="before")
+    @classmethod
+    def _known_profile(cls, value: Any) -> Any:
+        if value is None or value == "":
+            return None
+        if isinstance(value, str) and value.strip().lower() in PROFILES:
+            return value.strip().lower()
+        raise ValueError(
+            f"HAREL_EDGE_PROFILE={value!r} is not a profile: set it to one of {', '.join(PROFILES)}"
+        )
+
+    @field_validator("prefix")
+    @classmethod
+    def _valid_prefix(cls, value: str) -> str:
+        try:
+            Names(value)
+        except ValueError as exc:
+            raise ValueError(f"HAREL_EDGE_PREFIX: {exc}") from None
+        return value
+
+    @field_validator("sync_interval")
+    @classmethod
+    def _workable_interval(cls, value: float | None) -> float | None:
+        if value is None:
+            return None
+        if not math.isfinite(value) or not MIN_SYNC_INTERVAL <= value <= MAX_SYNC_INTERVAL:
+            raise ValueError(
+                f"HAREL_EDGE_SYNC_INTERVAL={value} cannot work: set seconds between "
+                f"{MIN_SYNC_INTERVAL} and {MAX_SYNC_INTERVAL:g}, or unset it to sync on demand"
+            )
+        return value
+
+    @field_validator("visibility", "retry_initial_delay", "retry_max_delay", "retry_deadline")
+    @classmethod
+    def _positive_seconds(cls, value: float, info: Any) -> float:
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{_env(info.field_name)}={value} must be a positive number of seconds")
+        return value
+
+    @field_validator("busy_timeout_ms", "retry_attempts")
+    @classmethod
+    def _non_negative(cls, value: int, info: Any) -> int:
+        if value < (1 if info.field_name == "retry_attempts" else 0):
+            raise ValueError(f"{_env(info.field_name)}={value} is out of range: set a positive whole number")
+        return value
+
+    @field_validator("worker_id")
+    @classmethod
+    def _sane_worker_id(cls, value: str) -> str:
+        if not value or "#" in value or value == "__parked__":
+            raise ValueError(
+                f"HAREL_EDGE_WORKER_ID={value!r} is not usable: set a non-empty name without '#'"
+            )
+        return value
+
+    # ---- the combination ---------------------------------------------------------------------
+
+    @model_validator(mode="after")
+    def _coherent_profile(self) -> EdgeSettings:
+        if self.profile is None:
+            # Inferred the way a harel user's HAREL_LIBSQL_* variables mean it.
+            if self.sync_url:
+                self.profile = "replica"
+            elif self.url or _is_url(self.db_path):
+                self.profile = "sqld"
+            else:
+                self.profile = "local"
+        if self.profile == "sqld" and self.url is None and _is_url(self.db_path):
+            self.url = self.db_path  # HAREL_LIBSQL_DB may name the server itself
+        if self.profile == "local":
+            if self.sync_url:
+                raise ValueError(
+                    "HAREL_EDGE_SYNC_URL is set but HAREL_EDGE_PROFILE=local: set HAREL_EDGE_PROFILE=replica "
+                    "to sync with that primary, or unset HAREL_EDGE_SYNC_URL"
+                )
+            if self.url:
+                raise ValueError(
+                    "HAREL_EDGE_URL is set but HAREL_EDGE_PROFILE=local: set HAREL_EDGE_PROFILE=sqld "
+                    "to use that server, or unset HAREL_EDGE_URL"
+                )
+            if _is_url(self.db_path):
+                raise ValueError(
+                    f"HAREL_EDGE_DB_PATH={self.db_path!r} is a URL but the local profile needs a file path: "
+                    "set HAREL_EDGE_PROFILE=sqld and HAREL_EDGE_URL to use a server"
+                )
+        elif self.profile == "sqld":
+            if not self.url:
+                raise ValueError(
+                    "HAREL_EDGE_PROFILE=sqld needs the server: set HAREL_EDGE_URL=http://host:8080 "
+                    "(self-hosted sqld) or libsql://<db>.turso.io"
+                )
+            _check_server_url("HAREL_EDGE_URL", self.url)
+            if self.sync_url:
+                raise ValueError(
+                    "HAREL_EDGE_SYNC_URL is set but HAREL_EDGE_PROFILE=sqld talks to the server directly: "
+                    "set HAREL_EDGE_PROFILE=replica for an embedded replica, or unset HAREL_EDGE_SYNC_URL"
+                )
+        else:  # replica
+            if not self.sync_url:
+                raise ValueError(
+                    "HAREL_EDGE_PROFILE=replica needs its primary: set HAREL_EDGE_SYNC_URL="
+                    "http://host:8080 (the primary's HTTP address, not its gRPC one)"
+                )
+            _check_server_url("HAREL_EDGE_SYNC_URL", self.sync_url)
+            if _is_url(self.db_path) or self.db_path == ":memory:":
+                raise ValueError(
+                    f"HAREL_EDGE_DB_PATH={self.db_path!r} must be a local file for the replica profile: "
+                    "set it to the path of the replica's file, e.g. /var/lib/harel-edge/replica.db"
+                )
+            if self.url:
+                raise ValueError(
+                    "HAREL_EDGE_URL is set but the replica profile syncs from HAREL_EDGE_SYNC_URL: unset one"
+                )
+        return self
+
+    # ---- reading -------------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, **overrides: Any) -> EdgeSettings:
+        """Read the environment (and `.env`) now, turning any failure into a `ConfigurationError`."""
+        try:
+            return cls(**overrides)
+        except ValidationError as exc:
+            raise ConfigurationError(_explain(exc)) from None
+
+    @property
+    def server(self) -> str | None:
+        """The primary's address for the profiles that have one."""
+        return self.url if self.profile == "sqld" else self.sync_url if self.profile == "replica" else None
+
+    def redacted(self) -> dict[str, Any]:
+        """Every setting as `config show` prints it: the token replaced by a marker."""
+        data = self.model_dump()
+        data["auth_token"] = "**********" if self.auth_token else None
+        data["routing_keys"] = list(self.routing_keys)
+        return data
+
+
+def _check_server_url(variable: str, url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in SERVER_SCHEMES or not parts.hostname:
+        raise ValueError(
+            f"{variable}={url!r} is not a server URL: set it to http://host:port (self-hosted sqld) "
+            "or libsql://<db>.turso.io"
+        )
+    try:
+        parts.port  # noqa: B018 - raises on a malformed port
+    except ValueError:
+        raise ValueError(f"{variable}={url!r} has a malformed port: set http://host:PORT") from None
+
+
+def _explain(exc: ValidationError) -> str:
+    """One line per problem, each naming the variable, without echoing secrets."""
+    lines = []
+    for error in exc.errors(include_url=False, include_input=False):
+        message = str(error.get("msg", "")).removeprefix("Value error, ")
+        field = next((str(part) for part in error.get("loc", ()) if isinstance(part, str)), "")
+        if field and "HAREL_" not in message:
+            variable = _env(field) if not field.startswith("HAREL_") else field
+            message = f"{variable}: {message}"
+        lines.append(message)
+    return "invalid configuration: " + "; ".join(lines)
+
+
+class ExplicitSettings(EdgeSettings):
+    """Settings given in code only: the environment and `.env` are not read.
+
+    What a constructor such as `LibsqlTransport("queue.db")` builds, so an explicit argument
+    never meets a contradicting variable from the process's environment.
+    """
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, *args, **kwargs):  # type: ignore[override]
+        return (init_settings,)

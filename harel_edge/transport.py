@@ -1,0 +1,355 @@
+"""LibsqlTransport: harel's durable per-group queue on a local file, a sqld server or a replica.
+
+A drop-in for harel 0.9's `LibsqlTransport` (same tables, same constructor shape, same
+behaviour: FIFO per group, one message of a group in flight, leases, round-robin between
+groups, a priority floor), plus routing keys, batch publish, and correctness on a remote
+primary.
+
+Why every operation is ONE statement. The spec's claim is a select-then-lease inside
+`BEGIN IMMEDIATE`: four round trips holding the primary's write lock when the data is remote.
+Through embedded replicas that deadlocks until sqld's 5 s transaction timeout and leaves
+ambiguous commits (FACTS.md). So the claim is the same selection inside a single
+`UPDATE ... WHERE seq = (SELECT ...) RETURNING`: SQLite takes the write lock when the
+statement starts, so the selection and the lease are as atomic as under BEGIN IMMEDIATE, and
+it is one round trip to the primary. The group's round-robin stamp, the group row of a
+publish and the drop of a drained group are done by triggers (see `schema.py`), so publish,
+claim, ack and nack are each one statement on every profile.
+
+Whose clock. A lease is compared by every worker of the deployment, on machines whose clocks
+differ. Unless a clock is injected (tests), "now" is the database's clock,
+`unixepoch('subsec')` evaluated inside the statement: on sqld and replica that is the
+primary's, the one clock every claim is decided by. A skewed edge machine cannot then steal a
+live lease or hold one past its deadline.
+
+Ambiguous writes. Each claim carries a fresh token in `locked_by` (`worker#token`). When a
+claim fails with a transient error, the primary may have applied it: before trying again the
+transport looks the token up on the primary and, if found, returns that lease instead of
+claiming a second message. Ack and nack are fenced by the same token and are idempotent, and
+a publish is looked up by its event before it is sent again.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+from harel.engine.schema import DEFAULT_PREFIX
+from harel.engine.transport import Lease
+from harel.spec.states import Event
+
+from harel_edge import retry, schema
+from harel_edge.connection import EdgeConnection
+from harel_edge.errors import SchemaError, SchemaTooNewError
+from harel_edge.schema import PARKED, EdgeNames
+from harel_edge.settings import EdgeSettings, ExplicitSettings
+
+log = structlog.get_logger("harel_edge.transport")
+
+Clock = Callable[[], float]
+MAX_PRIORITY = 4
+# Rows per multi-row INSERT of a batch publish: 4 parameters a row stays far below SQLite's
+# 32,766 bound variables, and one statement stays small enough for one HTTP request.
+BATCH_ROWS = 500
+
+# `now` is bound as a parameter: None means the database's clock.
+_NOW = "COALESCE(?, unixepoch('subsec'))"
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message of a batch publish."""
+
+    group_id: str
+    event: Event
+    priority: int = 0
+    routing_key: str | None = None
+
+
+def _claim_sql(n: EdgeNames, routing_keys: int) -> str:
+    """The claim: the spec's selection (oldest-claimed deliverable group, ties by arrival,
+    priority floor) and its lease, in one statement.
+
+    "Nothing in flight" is tested on the group's head only. That is the spec's NOT EXISTS over
+    all the group's messages, made O(1): only a head is ever leased or parked (a claim takes
+    the MIN(seq) and seq only grows), so no other message of a group can hold a live lock.
+    """
+    routing = f" AND g.routing_key IN ({', '.join('?' * routing_keys)})" if routing_keys else ""
+    return (
+        f"UPDATE {n.messages} SET locked_by = ?, lock_expiry = {_NOW} + ? WHERE seq = ("
+        f" SELECT m.seq FROM {n.groups} g"
+        f" JOIN {n.messages} m ON m.seq = (SELECT MIN(seq) FROM {n.messages} WHERE group_id = g.group_id)"
+        f" WHERE g.priority >= ?{routing}"
+        f" AND (m.locked_by IS NULL OR m.lock_expiry < {_NOW})"
+        f" ORDER BY g.last_claimed_at, g.rowid LIMIT 1"
+        f") RETURNING seq, group_id, event"
+    )
+
+
+class LibsqlTransport:
+    """The harel `Transport` on libSQL. Not thread-safe: one caller at a time (the async twin
+    serializes its calls; a threaded program gives each thread its own transport)."""
+
+    def __init__(
+        self,
+        database: str | Path = ":memory:",
+        clock: Clock | None = None,
+        *,
+        auth_token: str = "",
+        sync_url: str | None = None,
+        sync_interval: float | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        create_schema: bool = True,
+        routing_keys: Sequence[str] = (),
+        settings: EdgeSettings | None = None,
+        connection: EdgeConnection | None = None,
+    ) -> None:
+        """`database` is a file (local), a server URL (sqld), or the replica's file with
+        `sync_url` (replica). Or pass `settings` (see `from_settings`) or an open `connection`.
+        `clock=None` uses the database's clock; inject one only in tests."""
+        if connection is not None:
+            settings = connection.settings
+        elif settings is None:
+            settings = _explicit_settings(database, auth_token, sync_url, sync_interval, prefix, routing_keys)
+        self.settings = settings
+        self._n = EdgeNames(settings.prefix)
+        self._clock = clock
+        self._routing_keys = tuple(routing_keys or settings.routing_keys)
+        self._conn = connection if connection is not None else EdgeConnection(settings)
+        self._claim_sql: dict[int, str] = {}
+        try:
+            if create_schema:
+                self._with_retry("migrate", lambda: schema.migrate(self._conn.execute, settings.prefix))
+            else:
+                self._check_schema()
+        except BaseException:
+            if connection is None:
+                self._conn.close()
+            raise
+
+    @classmethod
+    def from_settings(cls, settings: EdgeSettings | None = None, clock: Clock | None = None) -> LibsqlTransport:
+        """The transport the settings describe (`EdgeSettings.load()` when none are given)."""
+        return cls(settings=settings or EdgeSettings.load(), clock=clock)
+
+    def __repr__(self) -> str:
+        return f"<LibsqlTransport prefix={self.settings.prefix} {self._conn!r}>"
+
+    @property
+    def connection(self) -> EdgeConnection:
+        return self._conn
+
+    # ---- publish ---------------------------------------------------------------------------
+
+    def publish(
+        self, group_id: str, event: Event, priority: int = 0, routing_key: str | None = None
+    ) -> None:
+        """Append `event` to `group_id`'s FIFO. The group's first publish fixes its priority and
+        routing key; later ones keep what the group has."""
+        self.publish_many([Message(group_id, event, priority, routing_key)])
+
+    def publish_many(self, messages: Iterable[Message | tuple]) -> int:
+        """Publish many events, in order: each chunk of `BATCH_ROWS` is one statement (atomic, one
+        round trip); on the local profile the whole batch is one transaction. Returns the count."""
+        rows = [_row(item) for item in messages]
+        if not rows:
+            return 0
+        chunks = [rows[i : i + BATCH_ROWS] for i in range(0, len(rows), BATCH_ROWS)]
+        if len(chunks) > 1 and not self._conn.is_remote:
+            self._with_retry("publish", lambda: self._local_transaction(chunks))
+        else:
+            for chunk in chunks:
+                self._with_retry(
+                    "publish",
+                    lambda chunk=chunk: self._insert(chunk) or True,
+                    resolve=lambda chunk=chunk: self._published(chunk[0]),
+                )
+        return len(rows)
+
+    def _insert(self, chunk: list[tuple]) -> None:
+        values = ", ".join(["(?, ?, ?, ?)"] * len(chunk))
+        params = [value for row in chunk for value in row]
+        self._conn.execute(
+            f"INSERT INTO {self._n.publish_view} (group_id, event, priority, routing_key) VALUES {values}",
+            params,
+        )
+
+    def _local_transaction(self, chunks: list[list[tuple]]) -> None:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            for chunk in chunks:
+                self._insert(chunk)
+            self._conn.execute("COMMIT")
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+
+    def _published(self, row: tuple) -> bool | None:
+        """Whether an ambiguous publish landed: its (unique-id) event is in its group."""
+        found = self._conn.execute(
+            f"SELECT 1 FROM {self._n.messages} WHERE group_id = ? AND event = ? LIMIT 1", (row[0], row[1])
+        )
+        return True if found else None
+
+    # ---- claim -----------------------------------------------------------------------------
+
+    def claim(
+        self,
+        worker_id: str,
+        visibility: float,
+        min_priority: int = 0,
+        routing_keys: Sequence[str] | None = None,
+    ) -> Lease | None:
+        """Lease the head of the group that waited longest, among groups with nothing in flight,
+        priority >= `min_priority` and (if any are given) one of `routing_keys`; None if none."""
+        if not visibility > 0:
+            raise ValueError(f"visibility must be a positive number of seconds, got {visibility!r}")
+        if not worker_id or "#" in worker_id:
+            raise ValueError(f"worker_id must be a non-empty name without '#', got {worker_id!r}")
+        keys = tuple(self._routing_keys if routing_keys is None else routing_keys)
+        sql = self._claim_sql.get(len(keys))
+        if sql is None:
+            sql = self._claim_sql[len(keys)] = _claim_sql(self._n, len(keys))
+        token = f"{worker_id}#{secrets.token_hex(8)}"
+        now = self._clock() if self._clock is not None else None
+        params = (token, now, visibility, min_priority, *keys, now)
+
+        def attempt() -> Lease | None:
+            rows = self._conn.execute(sql, params)
+            return _lease(rows[0], token) if rows else None
+
+        return self._with_retry("claim", attempt, resolve=lambda: self._leased(token))
+
+    def _leased(self, token: str) -> Lease | None:
+        rows = self._conn.execute(
+            f"SELECT seq, group_id, event FROM {self._n.messages} WHERE locked_by = ?", (token,)
+        )
+        return _lease(rows[0], token) if rows else None
+
+    # ---- ack / nack ------------------------------------------------------------------------
+
+    def ack(self, lease: Lease) -> bool:
+        """Remove the delivered message, freeing its group. False (and a log line) when the lease
+        was lost: it lapsed and another worker holds the message now, which keeps it."""
+        fence, params = self._fence(lease)
+        deleted = self._with_retry(
+            "ack",
+            lambda: bool(self._conn.execute(f"DELETE FROM {self._n.messages} WHERE {fence} RETURNING seq", params)),
+            resolve=lambda: self._gone_or_lost(lease),
+        )
+        if not deleted:
+            return self._report_lost(lease, "ack")
+        return True
+
+    def nack(self, lease: Lease, delay: float = 0.0) -> bool:
+        """Give the message back: claimable at once (`delay=0`), or parked for `delay` seconds,
+        during which its group stays blocked. False when the lease was already lost."""
+        if delay < 0:
+            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
+        fence, params = self._fence(lease)
+        if delay > 0:
+            now = self._clock() if self._clock is not None else None
+            sql = f"UPDATE {self._n.messages} SET locked_by = ?, lock_expiry = {_NOW} + ? WHERE {fence} RETURNING seq"
+            args: tuple = (PARKED, now, delay, *params)
+        else:
+            sql = f"UPDATE {self._n.messages} SET locked_by = NULL, lock_expiry = NULL WHERE {fence} RETURNING seq"
+            args = tuple(params)
+        done = self._with_retry(
+            "nack", lambda: bool(self._conn.execute(sql, args)), resolve=lambda: self._gone_or_lost(lease)
+        )
+        if not done:
+            return self._report_lost(lease, "nack")
+        return True
+
+    def _fence(self, lease: Lease) -> tuple[str, tuple]:
+        # A lease made by this transport carries its token; one made elsewhere (harel's own
+        # transport on a shared file) has only its seq to go by, as harel itself does.
+        if lease.token:
+            return "seq = ? AND locked_by = ?", (lease.seq, lease.token)
+        return "seq = ?", (lease.seq,)
+
+    def _gone_or_lost(self, lease: Lease) -> bool | None:
+        """After an ambiguous ack/nack: settled if the message is gone or no longer ours."""
+        rows = self._conn.execute(f"SELECT locked_by FROM {self._n.messages} WHERE seq = ?", (lease.seq,))
+        if not rows or (lease.token and rows[0][0] != lease.token):
+            return True
+        return None
+
+    def _report_lost(self, lease: Lease, operation: str) -> bool:
+        log.warning("lost lease", operation=operation, group_id=lease.group_id, seq=lease.seq)
+        return False
+
+    # ---- inspection ------------------------------------------------------------------------
+
+    def depth(self) -> int:
+        """Messages in the queue, in flight and parked included."""
+        return int(self._conn.execute(f"SELECT count(*) FROM {self._n.messages}")[0][0])
+
+    def close(self) -> None:
+        self._conn.close()
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _with_retry(self, operation: str, attempt: Callable[[], Any], resolve: Callable[[], Any] | None = None) -> Any:
+        return retry.call_with_retry(self.settings, operation, attempt, recover=self._recover, resolve=resolve)
+
+    def _recover(self, exc: BaseException) -> None:
+        """Make the next attempt (and the look-up before it) see the primary as it is."""
+        if retry.needs_reopen(exc):
+            self._conn.reopen()
+        else:
+            self._conn.sync()
+
+    def _check_schema(self) -> None:
+        version = int(self._conn.execute("PRAGMA user_version")[0][0])
+        if version > schema.SCHEMA_VERSION:
+            raise SchemaTooNewError(
+                f"this database has schema version {version}, newer than {schema.SCHEMA_VERSION}: "
+                "upgrade harel_edge on this machine"
+            )
+        if not schema.has_routing_key(self._conn.execute, self.settings.prefix):
+            raise SchemaError(
+                f"{self._n.groups} is missing or predates routing keys, and create_schema=False: run "
+                "`harel-edge migrate` (or `harel-edge migrate --print-sql` for your migration tool)"
+            )
+
+
+def _explicit_settings(
+    database: str | Path,
+    auth_token: str,
+    sync_url: str | None,
+    sync_interval: float | None,
+    prefix: str,
+    routing_keys: Sequence[str],
+) -> EdgeSettings:
+    database = str(database)
+    values: dict[str, Any] = {"prefix": prefix, "routing_keys": tuple(routing_keys)}
+    if auth_token:
+        values["auth_token"] = auth_token
+    if sync_url is not None:
+        values.update(profile="replica", db_path=database, sync_url=sync_url, sync_interval=sync_interval)
+    elif "://" in database:
+        values.update(profile="sqld", url=database)
+    else:
+        values.update(profile="local", db_path=database)
+    return ExplicitSettings.load(**values)
+
+
+def _row(item: Message | tuple) -> tuple:
+    message = item if isinstance(item, Message) else Message(*item)
+    priority = message.priority
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= MAX_PRIORITY:
+        raise ValueError(f"priority must be a whole number from 0 to {MAX_PRIORITY}, got {priority!r}")
+    if not isinstance(message.group_id, str) or not message.group_id:
+        raise ValueError(f"group_id must be a non-empty string, got {message.group_id!r}")
+    if not isinstance(message.event, Event):
+        raise TypeError(f"event must be a harel Event, got {type(message.event).__name__}")
+    return (message.group_id, message.event.model_dump_json(), priority, message.routing_key)
+
+
+def _lease(row: tuple, token: str) -> Lease:
+    seq, group_id, event = row
+    return Lease(int(seq), group_id, Event.model_validate_json(event), token=token)
