@@ -79,11 +79,13 @@ class SqldKeys:
     def write_public_key(self, path: str | os.PathLike[str], fmt: KeyFormat = "pem") -> Path:
         """Write the public key where sqld's ``--auth-jwt-key-file`` can read it.
 
-        The public key is not a secret, so the file is world-readable: a sqld running in
+        ``fmt`` is "pem" or "base64" (URL-safe, unpadded, no newline: the only base64
+        form sqld 0.24 accepts). The public key is not a secret, so the file is world-readable: a sqld running in
         a container under another user id must be able to open it.
         """
         path = Path(path)
-        data = self.public_key_pem if fmt == "pem" else (self.public_key_base64 + "\n").encode()
+        # sqld 0.24 refuses a base64 key file with a trailing newline or "=" padding.
+        data = self.public_key_pem if fmt == "pem" else self.public_key_base64.encode()
         path.write_bytes(data)
         path.chmod(0o644)
         return path

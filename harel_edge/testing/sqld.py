@@ -41,7 +41,7 @@ import weakref
 from pathlib import Path
 from typing import Callable, Literal
 
-from harel_edge.testing.auth import Access, SqldKeys, generate_keys
+from harel_edge.testing.auth import Access, KeyFormat, SqldKeys, generate_keys
 
 Backend = Literal["docker", "binary"]
 Role = Literal["primary", "replica"]
@@ -595,6 +595,7 @@ def _launch(
     binary: str | os.PathLike[str] | None,
     auth: bool,
     keys: SqldKeys | None,
+    key_format: KeyFormat,
     work_dir: str | os.PathLike[str] | None,
     http_port: int | None,
     grpc_port: int | None,
@@ -617,7 +618,7 @@ def _launch(
     if not auth:
         keys = None
     if keys is not None:
-        keys.write_public_key(work / "jwt_key.pem")
+        keys.write_public_key(work / "jwt_key", key_format)
 
     # Paths as sqld sees them: the same on the host, under /var/lib/sqld in a container.
     inside = Path(CONTAINER_WORK_DIR) if chosen == "docker" else work
@@ -645,7 +646,7 @@ def _launch(
                 raise ValueError("a replica node needs a primary that serves gRPC")
             args += ["--primary-grpc-url", primary.grpc_url]
         if keys is not None:
-            args += ["--auth-jwt-key-file", str(inside / "jwt_key.pem")]
+            args += ["--auth-jwt-key-file", str(inside / "jwt_key")]
         args += list(extra_args)
 
         if chosen == "docker":
@@ -689,6 +690,7 @@ def start_sqld_primary(
     binary: str | os.PathLike[str] | None = None,
     auth: bool = True,
     keys: SqldKeys | None = None,
+    key_format: KeyFormat = "pem",
     work_dir: str | os.PathLike[str] | None = None,
     http_port: int | None = None,
     grpc_port: int | None = None,
@@ -698,7 +700,8 @@ def start_sqld_primary(
     """Start a sqld primary on 127.0.0.1 and return it once ``/health`` answers.
 
     ``backend`` is 'docker' or 'binary' (default: see :func:`choose_backend`). With
-    ``auth`` (the default) a new key pair is made unless ``keys`` is given. Without
+    ``auth`` (the default) a new key pair is made unless ``keys`` is given; sqld reads
+    its public key from a file in ``key_format`` ("pem" or "base64"). Without
     ``work_dir`` a temporary one is made and removed by ``close()``. Raises
     :class:`SqldUnavailable` if sqld cannot run here, :class:`SqldStartError` if it
     does not get ready within ``startup_timeout`` seconds.
@@ -710,6 +713,7 @@ def start_sqld_primary(
         binary=binary,
         auth=auth,
         keys=keys,
+        key_format=key_format,
         work_dir=work_dir,
         http_port=http_port,
         grpc_port=grpc_port,
@@ -743,6 +747,7 @@ def start_sqld_replica_node(
         binary=binary,
         auth=primary.keys is not None,
         keys=primary.keys,
+        key_format="pem",
         work_dir=work_dir,
         http_port=http_port,
         grpc_port=None,

@@ -1,0 +1,129 @@
+"""pytest fixtures that hand tests a real sqld: a pytest plugin.
+
+Load it with ``pytest_plugins = ["harel_edge.testing.fixtures"]`` in a top-level
+conftest.py (or through the package's ``pytest11`` entry point).
+
+Why skip-or-fail: on a laptop without Docker or the sqld binary, tests that need sqld
+should say why they did not run (skip) rather than break the run. In CI that same skip
+would hide a broken setup, so ``HAREL_EDGE_REQUIRE_SQLD=1`` turns every "sqld cannot
+start" into a failure with the reason.
+
+Fixtures:
+
+- ``sqld_primary`` (session): one primary shared by the whole run. Do not kill, pause or
+  restart it; use ``fresh_sqld_primary`` for that.
+- ``fresh_sqld_primary`` (function): a new primary with an empty database, closed after
+  the test.
+- ``sqld_replica_node`` (function): a new replica node of ``sqld_primary``.
+- ``sqld_backend`` (function, parametrized 'docker' and 'binary'): the backend name,
+  after checking that it can run here; pass it to ``start_sqld_primary(backend=...)`` to
+  run a test on both.
+
+This module imports only pytest at import time, so registering the plugin costs nothing
+for test runs that never ask for sqld.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import pytest
+
+if TYPE_CHECKING:
+    from harel_edge.testing.sqld import SqldServer
+
+REQUIRE_ENV = "HAREL_EDGE_REQUIRE_SQLD"
+BACKENDS = ("docker", "binary")
+
+
+def sqld_required() -> bool:
+    """True when ``HAREL_EDGE_REQUIRE_SQLD`` asks for sqld tests to fail rather than skip."""
+    return os.environ.get(REQUIRE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def sqld_unavailable(reason: str) -> NoReturn:
+    """Skip the current test because sqld cannot run, or fail it when sqld is required."""
+    if sqld_required():
+        pytest.fail(f"sqld is required ({REQUIRE_ENV}=1) but cannot start: {reason}", pytrace=False)
+    pytest.skip(f"sqld cannot start: {reason}")
+
+
+def _start(starter: Callable[..., SqldServer], *args: Any, **kwargs: Any) -> SqldServer:
+    try:
+        from harel_edge.testing.sqld import SqldStartError, SqldUnavailable  # noqa: PLC0415
+    except ImportError as exc:
+        sqld_unavailable(f"a test dependency is missing ({exc}); install harel_edge[test]")
+    try:
+        return starter(*args, **kwargs)
+    except ImportError as exc:
+        sqld_unavailable(f"a test dependency is missing ({exc}); install harel_edge[test]")
+    except (SqldUnavailable, SqldStartError) as exc:
+        sqld_unavailable(str(exc))
+
+
+@pytest.fixture(scope="session")
+def sqld_primary() -> Iterator[SqldServer]:
+    """A sqld primary shared by the session (auth on; ``rw_token`` / ``ro_token``)."""
+    from harel_edge.testing.sqld import start_sqld_primary  # noqa: PLC0415
+
+    server = _start(start_sqld_primary)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def fresh_sqld_primary() -> Iterator[SqldServer]:
+    """A sqld primary of this test alone: empty, and free to be killed, paused or restarted."""
+    from harel_edge.testing.sqld import start_sqld_primary  # noqa: PLC0415
+
+    server = _start(start_sqld_primary)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def sqld_replica_node(sqld_primary: SqldServer) -> Iterator[SqldServer]:
+    """A sqld replica node of ``sqld_primary``: reads served locally, writes forwarded."""
+    from harel_edge.testing.sqld import start_sqld_replica_node  # noqa: PLC0415
+
+    server = _start(start_sqld_replica_node, sqld_primary)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def sqld_backend(request: pytest.FixtureRequest) -> str:
+    """Each backend in turn ('docker', 'binary'), skipped (or failed if required) where it cannot run."""
+    backend: str = request.param
+    try:
+        from harel_edge.testing.sqld import backend_unavailable_reason  # noqa: PLC0415
+    except ImportError as exc:
+        sqld_unavailable(f"a test dependency is missing ({exc}); install harel_edge[test]")
+    reason = backend_unavailable_reason(backend)  # type: ignore[arg-type]
+    if reason:
+        sqld_unavailable(f"backend {backend!r}: {reason}")
+    return backend
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say in the run's header which sqld backends can run here, and whether sqld is required."""
+    try:
+        from harel_edge.testing.sqld import backend_unavailable_reason, sqld_image  # noqa: PLC0415
+    except ImportError as exc:
+        return f"sqld: helpers not importable ({exc})"
+    parts = []
+    for backend in BACKENDS:
+        reason = backend_unavailable_reason(backend)  # type: ignore[arg-type]
+        label = f"{backend} ({sqld_image()})" if backend == "docker" else backend
+        parts.append(f"{label}: {'ok' if reason is None else 'unavailable'}")
+    required = "required" if sqld_required() else "optional"
+    chosen = os.environ.get("HAREL_EDGE_SQLD_BACKEND") or "auto"
+    return f"sqld ({required}, backend {chosen}): " + "; ".join(parts)
