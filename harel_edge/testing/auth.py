@@ -117,9 +117,7 @@ def load_keys(private_key_pem: bytes | str | os.PathLike[str]) -> SqldKeys:
     Why: a deployment (compose files, a long-lived test server) keeps its keys across
     runs, so tokens minted yesterday still work today.
     """
-    if isinstance(private_key_pem, (str, os.PathLike)) and not str(private_key_pem).startswith(
-        "-----BEGIN"
-    ):
+    if isinstance(private_key_pem, (str, os.PathLike)) and not str(private_key_pem).startswith("-----BEGIN"):
         data = Path(private_key_pem).read_bytes()
     else:
         data = private_key_pem.encode() if isinstance(private_key_pem, str) else private_key_pem

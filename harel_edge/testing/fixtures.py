@@ -113,6 +113,21 @@ def sqld_backend(request: pytest.FixtureRequest) -> str:
     return backend
 
 
+SQLD_FIXTURES = frozenset({"sqld_primary", "fresh_sqld_primary", "sqld_replica_node", "sqld_backend"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the ``sqld`` marker, so ``--strict-markers`` runs accept it."""
+    config.addinivalue_line("markers", "sqld: needs a real sqld (started by harel_edge.testing)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses a sqld fixture with ``sqld``, so ``-m "not sqld"`` leaves it out."""
+    for item in items:
+        if SQLD_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.sqld)
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     """Say in the run's header which sqld backends can run here, and whether sqld is required."""
     try:

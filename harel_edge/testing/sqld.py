@@ -38,8 +38,9 @@ import time
 import urllib.error
 import urllib.request
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 from harel_edge.testing.auth import Access, KeyFormat, SqldKeys, generate_keys
 
@@ -175,9 +176,7 @@ def choose_backend(backend: str | None = None, *, image: str | None = None) -> B
     binary_reason = backend_unavailable_reason("binary")
     if binary_reason is None:
         return "binary"
-    raise SqldUnavailable(
-        f"cannot start sqld: docker: {docker_reason}; binary: {binary_reason}"
-    )
+    raise SqldUnavailable(f"cannot start sqld: docker: {docker_reason}; binary: {binary_reason}")
 
 
 def wait_until(

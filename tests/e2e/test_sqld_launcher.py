@@ -35,6 +35,8 @@ from harel_edge.testing import (
 
 REPO = Path(__file__).resolve().parents[2]
 
+pytestmark = pytest.mark.sqld
+
 
 @pytest.fixture
 def primary(sqld_backend: str) -> Iterator[SqldServer]:
@@ -185,9 +187,7 @@ def test_a_replica_node_forwards_writes_to_the_primary(primary: SqldServer) -> N
             return True
 
         wait_until(insert, what="a write forwarded by the replica node")
-        assert primary_conn.execute("SELECT body FROM notes").fetchall() == [
-            ("written on the replica node",)
-        ]
+        assert primary_conn.execute("SELECT body FROM notes").fetchall() == [("written on the replica node",)]
 
 
 def test_the_replica_node_fixture_follows_the_session_primary(
@@ -200,8 +200,10 @@ def test_the_replica_node_fixture_follows_the_session_primary(
     primary_conn.commit()
     replica_conn = _connect(sqld_replica_node)
     wait_until(
-        lambda: _table_exists(replica_conn, table)
-        and replica_conn.execute(f"SELECT n FROM {table}").fetchall() == [(7,)],
+        lambda: (
+            _table_exists(replica_conn, table)
+            and replica_conn.execute(f"SELECT n FROM {table}").fetchall() == [(7,)]
+        ),
         what="the replica node catching up",
     )
 
@@ -212,9 +214,7 @@ def test_an_embedded_replica_syncs_from_the_primary(primary: SqldServer, tmp_pat
     primary_conn.execute("INSERT INTO events VALUES ('from the primary')")
     primary_conn.commit()
 
-    local = libsql.connect(
-        str(tmp_path / "edge.db"), sync_url=primary.http_url, auth_token=primary.rw_token
-    )
+    local = libsql.connect(str(tmp_path / "edge.db"), sync_url=primary.http_url, auth_token=primary.rw_token)
     local.sync()
     assert local.execute("SELECT name FROM events").fetchall() == [("from the primary",)]
 
