@@ -39,24 +39,42 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
 fi
 
-say "starting dockerd (log: $log)"
-# setsid detaches dockerd from this script's process group so that it outlives the caller.
-setsid dockerd --bridge=none --iptables=false --ip-forward=false >"$log" 2>&1 < /dev/null &
-pid=$!
-echo "$pid" > "${DOCKERD_PIDFILE:-/tmp/harel-edge-dockerd.pid}"
+# A live dockerd that does not answer yet is starting: wait for it rather than start a second.
+# Otherwise a pid file left by a dockerd that was killed could stop the new one from starting
+# ("pid file found") if its pid has been reused: remove it.
+dockerd_running() {
+    local pid
+    for pid in $(pgrep -x dockerd || true); do
+        grep -q '^State:[[:space:]]*[^Z]' "/proc/$pid/status" 2>/dev/null && return 0
+    done
+    return 1
+}
+
+if dockerd_running; then
+    say "a dockerd is running but not answering yet; waiting for it"
+else
+    pidfile=/var/run/docker.pid
+    if [ -f "$pidfile" ]; then
+        say "removing the stale $pidfile"
+        rm -f "$pidfile"
+    fi
+    say "starting dockerd (log: $log)"
+    # setsid: dockerd gets its own session, so a Ctrl-C aimed at make or pytest spares it.
+    setsid dockerd --bridge=none --iptables=false --ip-forward=false >"$log" 2>&1 </dev/null &
+fi
 
 deadline=$((SECONDS + timeout))
 until docker info >/dev/null 2>&1; do
-    if ! kill -0 "$pid" 2>/dev/null; then
-        say "dockerd exited; last lines of its log:"
+    if ! dockerd_running; then
+        say "dockerd exited; last lines of its log ($log):"
         tail -n 40 "$log" >&2 || true
         exit 1
     fi
     if [ "$SECONDS" -ge "$deadline" ]; then
-        say "dockerd did not answer within ${timeout}s; last lines of its log:"
+        say "dockerd did not answer within ${timeout}s; last lines of its log ($log):"
         tail -n 40 "$log" >&2 || true
         exit 1
     fi
     sleep 0.2
 done
-say "Docker engine ready after $((SECONDS))s"
+say "Docker engine ready"
