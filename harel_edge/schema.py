@@ -150,6 +150,59 @@ def durable_tables() -> list[str]:
         " PRIMARY KEY (namespace, workflow)"
         ") WITHOUT ROWID",
         "CREATE INDEX IF NOT EXISTS workflow_queue_visible_at ON workflow_queue (namespace, visible_at)",
+        *durable_writes(),
+    ]
+
+
+def durable_writes() -> list[str]:
+    """Views that make each multi-table write of the durable stores ONE statement.
+
+    Each view is only ever inserted into; its INSTEAD OF trigger does the writes, so they share
+    the statement's implicit transaction (one commit, one round trip to a remote primary, no
+    interactive transaction for sqld to time out). The inserted row carries what the trigger
+    needs, including facts computed by the INSERT's own SELECT before the trigger runs (is the
+    pass still the holder, did the key exist, how many records there were), which the
+    statement's RETURNING clause hands back. See harel_edge/durable/ and docs/durable.md.
+    """
+    return [
+        # A holder's write: fenced on (token, budget), first write of a key wins, and a sign of
+        # life for the claim. `held` and `existed` are computed before the trigger runs.
+        "CREATE VIEW IF NOT EXISTS workflow_record"
+        " (workflow, step, value, written_at, token, held, existed)"
+        " AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE 0",
+        "CREATE TRIGGER IF NOT EXISTS workflow_record_insert INSTEAD OF INSERT ON workflow_record"
+        " WHEN NEW.held BEGIN"
+        " INSERT INTO workflow_checkpoint (workflow, step, value, written_at)"
+        " VALUES (NEW.workflow, NEW.step, NEW.value, NEW.written_at)"
+        " ON CONFLICT (workflow, step) DO NOTHING;"
+        " UPDATE workflow_claim SET alive_until = MIN(NEW.written_at + alive_for, held_until)"
+        " WHERE workflow = NEW.workflow AND token = NEW.token;"
+        " END",
+        # A write from outside the workflow (supply, append, arrive, deliver): first write of a
+        # key wins; with a namespace, the workflow is also made ready (never later than it was).
+        "CREATE VIEW IF NOT EXISTS workflow_arrival"
+        " (workflow, step, value, written_at, namespace, visible_at)"
+        " AS SELECT NULL, NULL, NULL, NULL, NULL, NULL WHERE 0",
+        "CREATE TRIGGER IF NOT EXISTS workflow_arrival_insert INSTEAD OF INSERT ON workflow_arrival BEGIN"
+        " INSERT INTO workflow_checkpoint (workflow, step, value, written_at)"
+        " VALUES (NEW.workflow, NEW.step, NEW.value, NEW.written_at)"
+        " ON CONFLICT (workflow, step) DO NOTHING;"
+        " INSERT INTO workflow_queue (namespace, workflow, visible_at)"
+        " SELECT NEW.namespace, NEW.workflow, NEW.visible_at WHERE NEW.namespace IS NOT NULL"
+        " ON CONFLICT (namespace, workflow) DO UPDATE SET visible_at = MIN(visible_at, excluded.visible_at);"
+        " END",
+        # Forget a workflow's records and raise its fence (and, with a namespace, drop its
+        # queue row). The claim row stays behind, released, carrying the raised number.
+        "CREATE VIEW IF NOT EXISTS workflow_discard (workflow, namespace, at, records)"
+        " AS SELECT NULL, NULL, NULL, NULL WHERE 0",
+        "CREATE TRIGGER IF NOT EXISTS workflow_discard_insert INSTEAD OF INSERT ON workflow_discard BEGIN"
+        " DELETE FROM workflow_checkpoint WHERE workflow = NEW.workflow;"
+        " INSERT INTO workflow_claim (workflow, token, held_until, alive_until, alive_for)"
+        " VALUES (NEW.workflow, 1, NEW.at, NEW.at, 0)"
+        " ON CONFLICT (workflow) DO UPDATE SET token = token + 1,"
+        " held_until = MIN(held_until, excluded.held_until), alive_until = MIN(alive_until, excluded.alive_until);"
+        " DELETE FROM workflow_queue WHERE namespace = NEW.namespace AND workflow = NEW.workflow;"
+        " END",
     ]
 
 

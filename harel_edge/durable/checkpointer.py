@@ -1,0 +1,383 @@
+"""LibsqlCheckpointer: a workflow's completed steps as rows, and its claim as a row beside them.
+
+A pass of a workflow first `claim`s it and gets a `Pass` carrying a fencing token; every write
+it makes is checked against the current token in the same statement that writes, so a pass
+whose claim lapsed and was taken over cannot write anything afterwards, on any profile,
+whatever its clock or the replica it reads from say.
+
+Each operation is ONE statement except `transact`, which must run a caller's effect between
+its checks and its record. One statement is one commit and one round trip to a remote
+primary, and it needs no interactive transaction (which sqld aborts after 5 s when another
+writer waits, and which leaves ambiguous commits behind on a flaky link). Where one statement
+must write two tables, it inserts into a view whose INSTEAD OF trigger does the writes
+(`harel_edge.schema.durable_writes`), and its RETURNING clause reports the outcome.
+
+Deadlines (budget, liveness) are computed by the database's clock, `unixepoch('subsec')`
+inside the statement: on sqld and replica that is the primary's clock, one clock for every
+worker. Pass `now=` to use another clock (tests drive time this way on the local profile).
+
+Workflow ids are bound as parameters and never parsed: any string is an id.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from harel_edge.connection import EdgeConnection
+from harel_edge.durable.database import Database
+from harel_edge.durable.types import (
+    INBOX,
+    JSON,
+    CheckpointCodec,
+    Entry,
+    FencedError,
+    Pass,
+    Recorded,
+    Written,
+    from_seconds,
+    to_seconds,
+)
+from harel_edge.errors import AmbiguousCommitError
+
+# Every statement gets the current time as one parameter: a number from an injected clock, or
+# NULL for the database's own. `t.now` is then one value for the whole statement.
+_NOW = "(SELECT COALESCE(?{n}, unixepoch('subsec')) AS now) AS t"
+
+
+def _now(n: int) -> str:
+    return _NOW.format(n=n)
+
+
+_LOAD = "SELECT step, value FROM workflow_checkpoint WHERE workflow = ? ORDER BY seq"
+_HISTORY = "SELECT step, value, written_at FROM workflow_checkpoint WHERE workflow = ? ORDER BY seq"
+_LOOKUP = "SELECT value FROM workflow_checkpoint WHERE workflow = ? AND step = ?"
+
+# A new claim wins only over one that is not alive (lapsed, released, or past its budget).
+# The token is one more than the last, so every write of an older pass is refused from now on.
+_CLAIM = f"""
+INSERT INTO workflow_claim (workflow, token, held_until, alive_until, alive_for)
+SELECT ?1, 1, t.now + ?2, t.now + MIN(?2, ?3), ?3 FROM {_now(4)} WHERE true
+ON CONFLICT (workflow) DO UPDATE SET
+    token = workflow_claim.token + 1,
+    held_until = excluded.held_until,
+    alive_until = excluded.alive_until,
+    alive_for = excluded.alive_for
+WHERE workflow_claim.alive_until <= excluded.held_until - ?2
+RETURNING token, held_until
+"""
+
+# The fence for every holder's write: the token is current and the budget is not spent.
+_EXTEND = f"""
+UPDATE workflow_claim SET held_until = t.now + ?3, alive_until = t.now + MIN(?3, ?4), alive_for = ?4
+FROM {_now(5)}
+WHERE workflow = ?1 AND token = ?2 AND held_until > t.now
+RETURNING held_until
+"""
+
+# A sign of life: never past the budget, and nothing at all once released (held_until <= now).
+_RENEW = f"""
+UPDATE workflow_claim SET alive_until = MIN(t.now + ?3, held_until), alive_for = ?3
+FROM {_now(4)}
+WHERE workflow = ?1 AND token = ?2 AND held_until > t.now
+RETURNING alive_until
+"""
+
+_RELEASE = f"""
+UPDATE workflow_claim SET held_until = MIN(held_until, t.now), alive_until = MIN(alive_until, t.now)
+FROM {_now(3)}
+WHERE workflow = ?1 AND token = ?2
+"""
+
+# Fence, first-write-wins insert and sign of life in one statement (the view's trigger).
+# `held` and `existed` are evaluated before the trigger; RETURNING's subqueries after it.
+_RECORD = f"""
+INSERT INTO workflow_record (workflow, step, value, written_at, token, held, existed)
+SELECT ?1, ?2, ?3, t.now, ?4,
+    EXISTS (SELECT 1 FROM workflow_claim WHERE workflow = ?1 AND token = ?4 AND held_until > t.now),
+    EXISTS (SELECT 1 FROM workflow_checkpoint WHERE workflow = ?1 AND step = ?2)
+FROM {_now(5)}
+RETURNING held, existed,
+    (SELECT value FROM workflow_checkpoint WHERE workflow = ?1 AND step = ?2),
+    (SELECT written_at FROM workflow_checkpoint WHERE workflow = ?1 AND step = ?2)
+"""
+
+# transact's first statement, inside its transaction: fence and sign of life, and whether the
+# step is already recorded (a replay), in one write that a replica delegates to the primary.
+_TRANSACT_FENCE = f"""
+UPDATE workflow_claim SET alive_until = MIN(t.now + alive_for, held_until)
+FROM {_now(4)}
+WHERE workflow = ?1 AND token = ?2 AND held_until > t.now
+RETURNING (SELECT value FROM workflow_checkpoint WHERE workflow = ?1 AND step = ?3)
+"""
+
+# A write from outside the workflow; with a namespace it also makes the workflow ready.
+ARRIVE = f"""
+INSERT INTO workflow_arrival (workflow, step, value, written_at, namespace, visible_at)
+SELECT ?1, ?2, ?3, t.now, ?4, t.now FROM {_now(5)}
+RETURNING (SELECT value FROM workflow_checkpoint WHERE workflow = ?1 AND step = ?2)
+"""
+
+# Forget the records, raise the fence; with a namespace also drop the queue row.
+DISCARD = f"""
+INSERT INTO workflow_discard (workflow, namespace, at, records)
+SELECT ?1, ?2, t.now, (SELECT count(*) FROM workflow_checkpoint WHERE workflow = ?1) FROM {_now(3)}
+RETURNING records
+"""
+
+
+class Transaction:
+    """What a `transact` effect gets: statements inside the step's open transaction.
+
+    Everything executed here commits together with the step's record, or not at all. Do not
+    COMMIT or ROLLBACK through it, and keep it short: on a remote primary the transaction holds
+    the write lock across round trips, and sqld aborts it after 5 s if another writer waits.
+    """
+
+    def __init__(self, connection: EdgeConnection) -> None:
+        self._connection = connection
+
+    def execute(self, sql: str, params: tuple | list = ()) -> list[tuple]:
+        """Run one statement in the transaction; its rows (RETURNING rows too)."""
+        return self._connection.execute(sql, params)
+
+    def executemany(self, sql: str, rows: list[tuple]) -> None:
+        self._connection.executemany(sql, rows)
+
+
+LibsqlEffect = Callable[[Transaction], object]
+
+
+def new_inbox_key() -> str:
+    """A key for a new inbox entry, made by the sender so that retrying a send is idempotent.
+
+    Time-ordered for people reading the table; the inbox's order is the table's `seq`.
+    """
+    return f"{INBOX}{time.time_ns():020d}-{secrets.token_hex(4)}"
+
+
+@dataclass(eq=False)
+class LibsqlCheckpointer:
+    """The checkpoint store: load, claim, and fenced writes of a workflow's records.
+
+    `codec` turns a step's result into the row's TEXT and back; the default is JSON. `now`
+    replaces the database's clock (None) with another, for tests.
+    """
+
+    database: Database
+    codec: CheckpointCodec[str] = JSON
+    now: Callable[[], datetime] | None = field(default=None, repr=False)
+
+    def _at(self) -> float | None:
+        return None if self.now is None else to_seconds(self.now())
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    async def load(self, workflow: str) -> dict[str, object]:
+        """Every record of the workflow, in the order they were written.
+
+        On a replica this syncs first: a pass must see what earlier passes recorded, wherever
+        they ran.
+        """
+
+        def work(connection: EdgeConnection) -> list[tuple]:
+            connection.sync()
+            return connection.execute(_LOAD, (workflow,))
+
+        rows = await self.database.run(work)
+        return {step: self.codec.decode(value) for step, value in rows}
+
+    async def history(self, workflow: str) -> dict[str, Written]:
+        """The same records as `load`, each with when it was written (by the writer's clock)."""
+
+        def work(connection: EdgeConnection) -> list[tuple]:
+            connection.sync()
+            return connection.execute(_HISTORY, (workflow,))
+
+        rows = await self.database.run(work)
+        return {
+            step: Written(self.codec.decode(value), from_seconds(written_at)) for step, value, written_at in rows
+        }
+
+    # ---- the claim ---------------------------------------------------------------------------
+
+    async def claim(self, workflow: str, budget: timedelta, alive: timedelta) -> Pass | None:
+        """Take the workflow for a pass, or None while another pass holds it.
+
+        `budget` is the most the claim can last; `alive` how long it lasts without a sign of
+        life (`renew`, `record`, `transact`). It can be taken over once it is not alive.
+        """
+        budget_s, alive_s = _positive(budget, "budget"), _positive(alive, "alive")
+        rows = await self.database.run(
+            lambda c: c.execute(_CLAIM, (workflow, budget_s, alive_s, self._at()))
+        )
+        if not rows:
+            return None
+        token, held_until = rows[0]
+        return Pass(workflow, int(token), from_seconds(held_until), alive)
+
+    async def extend(self, holder: Pass, budget: timedelta, alive: timedelta) -> bool:
+        """Give the claim a new budget from now; False if it is no longer this pass's."""
+        budget_s, alive_s = _positive(budget, "budget"), _positive(alive, "alive")
+        rows = await self.database.run(
+            lambda c: c.execute(_EXTEND, (holder.workflow, holder.token, budget_s, alive_s, self._at()))
+        )
+        return bool(rows)
+
+    async def renew(self, holder: Pass, alive: timedelta) -> bool:
+        """A sign of life: keep the claim for `alive` more, capped at its budget.
+
+        False when the claim is not this pass's any more: taken over, released, or out of
+        budget. A renewal never revives a released claim and never lengthens the budget.
+        """
+        alive_s = _positive(alive, "alive")
+        rows = await self.database.run(
+            lambda c: c.execute(_RENEW, (holder.workflow, holder.token, alive_s, self._at()))
+        )
+        return bool(rows) and rows[0][0] is not None
+
+    async def release(self, holder: Pass) -> None:
+        """Give the workflow up now, so the next pass need not wait for the claim to lapse."""
+        await self.database.run(lambda c: c.execute(_RELEASE, (holder.workflow, holder.token, self._at())))
+
+    # ---- writing -----------------------------------------------------------------------------
+
+    async def record(self, holder: Pass, key: str, value: object) -> Recorded:
+        """Store a step's result, if `holder` still holds the workflow; a sign of life as well.
+
+        Raises `FencedError` when the pass was superseded. The first write of a key wins: a
+        second one leaves the row alone and returns the stored value with `fresh=False`.
+        """
+        text = self.codec.encode(value)
+        rows = await self.database.run(
+            lambda c: c.execute(_RECORD, (holder.workflow, key, text, holder.token, self._at()))
+        )
+        held, existed, stored, written_at = rows[0]
+        if not held:
+            raise FencedError(_fenced(holder))
+        return Recorded(key, self.codec.decode(stored), from_seconds(written_at), fresh=not existed)
+
+    async def transact(self, holder: Pass, key: str, effect: LibsqlEffect) -> object:
+        """Run `effect` and record its result in one transaction, so the step happens once.
+
+        In order, under the write lock of one BEGIN IMMEDIATE transaction: the fence (a
+        superseded pass must not act), the existence check (a recorded step is not run again,
+        so a replay performs nothing), the effect, and the record with a sign of life. An
+        exception anywhere rolls the effect back with its record.
+
+        On sqld and replica the outcome of COMMIT can be unknown (the primary may have applied
+        it and the reply been lost). The step's row answers that: after a failure the row is
+        looked up on the primary; if it is there the transaction committed and its value is
+        returned, if not nothing happened and the error is raised, so the step can be retried.
+        If the lookup fails too, `AmbiguousCommitError` says so; retrying is still safe,
+        because the retry's existence check runs inside its own transaction.
+
+        The effect holds the connection, and on a remote primary the write lock, until it
+        returns: nothing else of this process reaches the store meanwhile, the pass's own
+        renewals included. The record at the end is a sign of life that lands before any
+        claim waiting for the lock, so a long effect does not lose the claim by itself. Keep
+        effects short anyway (sqld aborts a transaction after 5 s when another writer waits).
+        """
+
+        def work(connection: EdgeConnection) -> str:
+            committing = False
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                rows = connection.execute(_TRANSACT_FENCE, (holder.workflow, holder.token, key, self._at()))
+                if not rows:
+                    raise FencedError(_fenced(holder))
+                if rows[0][0] is not None:
+                    connection.execute("ROLLBACK")
+                    return rows[0][0]
+                result = effect(Transaction(connection))
+                text = self.codec.encode(result)
+                held, existed, stored, _ = connection.execute(
+                    _RECORD, (holder.workflow, key, text, holder.token, self._at())
+                )[0]
+                if not held:  # the budget ran out while the effect ran
+                    raise FencedError(_fenced(holder))
+                committing = True
+                connection.execute("COMMIT")
+                return stored
+            except BaseException as exc:
+                _roll_back(connection)
+                if not committing or isinstance(exc, FencedError):
+                    raise
+                return _settle(connection, holder.workflow, key, exc)
+
+        return self.codec.decode(await self.database.run(work))
+
+    async def supply(self, workflow: str, key: str, value: object) -> object:
+        """File a value under `key` from outside the workflow (no claim needed).
+
+        The first value for a key wins; the stored one is returned, so supplying twice (a
+        retried webhook, say) is harmless.
+        """
+        text = self.codec.encode(value)
+        rows = await self.database.run(lambda c: c.execute(ARRIVE, (workflow, key, text, None, self._at())))
+        return self.codec.decode(rows[0][0])
+
+    async def append(self, workflow: str, value: object, key: str | None = None) -> Entry:
+        """File `value` in the workflow's inbox under a new key (or `key`, to make a retry idempotent).
+
+        Inbox entries are ordinary records whose keys start with `inbox/`; their order is the
+        order they were committed in, which is the order `load` returns them.
+        """
+        key = key or new_inbox_key()
+        stored = await self.supply(workflow, key, value)
+        return Entry(key, stored)
+
+    async def discard(self, workflow: str) -> int:
+        """Forget every record of the workflow and raise its fence, in one commit.
+
+        One commit, because the two are only right together: records deleted under an
+        unraised fence would be written back one by one by a pass still in flight, and a fence
+        raised over records that stay would stop a live pass for a deletion that never
+        happened. Returns how many records there were. A released claim row carrying the
+        raised number stays behind; nothing sweeps it.
+        """
+        rows = await self.database.run(lambda c: c.execute(DISCARD, (workflow, None, self._at())))
+        return int(rows[0][0])
+
+
+def _positive(span: timedelta, name: str) -> float:
+    seconds = span.total_seconds()
+    if seconds <= 0:
+        raise ValueError(f"{name}={span} must be a positive duration")
+    return seconds
+
+
+def _fenced(holder: Pass) -> str:
+    return (
+        f"workflow {holder.workflow!r}: pass {holder.token} no longer holds it (taken over, released, "
+        "or out of budget); stop this pass, the workflow continues in the one that holds it"
+    )
+
+
+def _roll_back(connection: EdgeConnection) -> None:
+    """Best effort: a connection the failure left unusable is replaced instead."""
+    try:
+        if connection.raw is not None and connection.raw.in_transaction:
+            connection.execute("ROLLBACK")
+    except Exception:  # noqa: BLE001 - the rollback's own failure tells nothing new
+        try:
+            connection.reopen()
+        except Exception:  # noqa: BLE001 - the settle step reports the primary being away
+            pass
+
+
+def _settle(connection: EdgeConnection, workflow: str, key: str, error: BaseException) -> str:
+    """After a failed COMMIT: did it commit? The step's row, read from the primary, says."""
+    try:
+        connection.sync()
+        rows = connection.execute(_LOOKUP, (workflow, key))
+    except Exception as lookup_error:
+        raise AmbiguousCommitError(
+            f"workflow {workflow!r} step {key!r}: the commit failed ({error}) and its outcome could not "
+            f"be looked up ({lookup_error}); retrying the step is safe, it performs nothing if it committed"
+        ) from error
+    if rows:
+        return rows[0][0]
+    raise error

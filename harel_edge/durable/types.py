@@ -1,0 +1,157 @@
+"""The values the durable stores hand out and take back, and their defaults.
+
+Every type here is a frozen dataclass: each one is a fact read from the database at a moment
+(a claim that was granted, a delivery that was taken, a record that was written), and a fact
+that could be edited afterwards would stop describing what the database said.
+
+Times cross this boundary as timezone-aware `datetime`s and durations as `timedelta`s; inside
+the database they are REAL unix seconds, so that SQL can compare them and the primary's own
+clock (`unixepoch('subsec')`) can be used where several machines must agree.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Generic, NewType, Protocol, TypeVar
+
+from harel_edge.errors import HarelEdgeError
+
+Milliseconds = NewType("Milliseconds", int)
+
+# How long a delivery stays invisible to other workers after `next_ready` hands it out. A pass
+# that runs longer keeps it with `extend`; a worker that dies gives it back when this runs out.
+LEASE = timedelta(seconds=30)
+# How often `next_ready` looks at the table when nothing told it something became ready. It is
+# the floor under how soon work started by another process is noticed.
+POLL = timedelta(seconds=1)
+# How long a local writer waits for the file's write lock before failing.
+BUSY_TIMEOUT = Milliseconds(5000)
+
+# Keys under which `append` files inbox entries. Reserved: a step must not be named like this.
+INBOX = "inbox/"
+
+T = TypeVar("T")
+Encoded = TypeVar("Encoded")
+
+
+class FencedError(HarelEdgeError):
+    """The pass no longer holds its workflow: another pass claimed it, or it was released.
+
+    Raised instead of writing, so a superseded pass cannot overwrite the work of its successor.
+    The pass should stop; the workflow carries on in whichever pass holds it now.
+    """
+
+
+class DatabaseClosedError(HarelEdgeError):
+    """The durable Database was closed; open a new one with `harel_edge.durable.connect`."""
+
+
+@dataclass(frozen=True)
+class Pass:
+    """The right to write a workflow's records, granted by `claim`.
+
+    `token` is the fencing number: every new claim of the workflow gets a larger one, and every
+    write made with this pass is checked against the current number in the same statement, so
+    a pass whose claim lapsed and was taken over cannot write anything afterwards.
+
+    `held_until` is the budget, the latest moment this claim can last whatever its holder does;
+    `alive_for` is how long one sign of life (a renewal, a record) keeps it from lapsing.
+    """
+
+    workflow: str
+    token: int
+    held_until: datetime
+    alive_for: timedelta
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One workflow handed to one worker by the scheduler.
+
+    `receipt` is the visibility the worker's take wrote (unix seconds, as stored). The queue
+    row keeps it only as long as nobody else touched the workflow, so every later write made
+    with this delivery (`wake_at`, `extend`, `done`) applies only if the row still carries it.
+    """
+
+    workflow: str
+    receipt: float
+
+    @property
+    def visible_at(self) -> datetime:
+        """The receipt as a time: when the workflow becomes visible again if nothing is done."""
+        return from_seconds(self.receipt)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What `record` left in the store.
+
+    `value` is the stored value as a later pass will read it (through the codec), which is the
+    value passed in when `fresh`, and the one an earlier write of the same key left otherwise:
+    the first write of a key wins, so a replayed step returns what it returned the first time.
+    """
+
+    key: str
+    value: object
+    written_at: datetime
+    fresh: bool
+
+
+@dataclass(frozen=True)
+class Written:
+    """A stored record together with the moment it was written."""
+
+    value: object
+    written_at: datetime
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A message filed in a workflow's inbox, under the key it was given."""
+
+    key: str
+    value: object
+
+
+class CheckpointCodec(Protocol, Generic[Encoded]):
+    """How a step's result becomes the TEXT of a row, and back.
+
+    The one requirement is the round trip: `decode(encode(v))` must be what a resumed pass
+    should see, because a resumed pass sees nothing else.
+    """
+
+    def encode(self, value: object) -> Encoded: ...
+
+    def decode(self, stored: Encoded) -> object: ...
+
+
+@dataclass(frozen=True)
+class JsonCodec:
+    """The default codec: the stdlib's JSON, compact, keys in their given order."""
+
+    def encode(self, value: object) -> str:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+    def decode(self, stored: str) -> object:
+        return json.loads(stored)
+
+
+JSON: CheckpointCodec[str] = JsonCodec()
+
+
+def now_utc() -> datetime:
+    """This machine's clock, timezone-aware."""
+    return datetime.now(UTC)
+
+
+def to_seconds(when: datetime) -> float:
+    """A datetime as stored. A naive datetime is refused: its meaning depends on the machine."""
+    if when.tzinfo is None:
+        raise ValueError(f"{when!r} has no timezone: pass an aware datetime, e.g. datetime.now(UTC)")
+    return when.timestamp()
+
+
+def from_seconds(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, UTC)
