@@ -299,23 +299,43 @@ class _DockerProcess:
 
     backend: Backend = "docker"
 
-    def __init__(self, image: str, args: list[str], work_dir: Path, name_hint: str) -> None:
+    def __init__(
+        self, image: str, env: dict[str, str], extra_args: list[str], work_dir: Path, name_hint: str
+    ) -> None:
+        """Configure sqld through ``SQLD_*`` env vars rather than flags.
+
+        Why: sqld reads every setting used here from an env var, and so does the official
+        image's entry point (which appends its own flags after the command, so flags given
+        on the command line would be duplicated). Env vars work for both images; the
+        command is the image's own CMD (none for ours, ``/bin/sqld`` for the official
+        one) followed by ``extra_args``.
+        """
         # The reaper (Ryuk) image cannot be pulled on offline machines; we clean up ourselves.
         os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
         from testcontainers.core.container import DockerContainer  # noqa: PLC0415
 
-        self._container = (
-            DockerContainer(image)
-            .with_command(args)
-            .with_volume_mapping(str(work_dir), CONTAINER_WORK_DIR, "rw")
-            .with_kwargs(
-                network_mode="host",
-                # Run as the caller so that files in the work dir stay theirs to delete.
-                user=f"{os.getuid()}:{os.getgid()}",
-                labels={"harel_edge.testing": name_hint},
-            )
-            .with_env("NO_COLOR", "1")
-        )
+        client = _docker_client()
+        try:
+            config = client.images.get(image).attrs.get("Config") or {}
+        finally:
+            client.close()
+        entrypoint = config.get("Entrypoint") or []
+        kwargs: dict[str, object] = {"network_mode": "host", "labels": {"harel_edge.testing": name_hint}}
+        if entrypoint and Path(entrypoint[0]).name == "sqld":
+            # sqld itself is the entry point (our image): run it as the caller, so that the
+            # files it writes in the work dir stay the caller's to delete.
+            kwargs["user"] = f"{os.getuid()}:{os.getgid()}"
+        else:
+            # A wrapper entry point (the official image) starts as root and switches to its
+            # own user, which must be able to reach the key file in the work dir.
+            work_dir.chmod(0o755)
+        container = DockerContainer(image).with_volume_mapping(str(work_dir), CONTAINER_WORK_DIR, "rw")
+        command = [*(config.get("Cmd") or []), *extra_args]
+        if command:
+            container = container.with_command(command)
+        for name, value in {**env, "NO_COLOR": "1"}.items():
+            container = container.with_env(name, value)
+        self._container = container.with_kwargs(**kwargs)
         self._started = False
 
     @property
@@ -633,25 +653,32 @@ def _launch(
                 gport = grpc_port or _free_port()
                 while gport == port:
                     gport = _free_port()
-        args = [
-            "--db-path", str(inside / "data.sqld"),
-            "--http-listen-addr", f"{LOOPBACK}:{port}",
-            "--no-welcome",
-        ]  # fmt: skip
+        # The same settings as flags (binary) or as the env vars sqld reads for them (docker).
+        settings = {
+            "--db-path": ("SQLD_DB_PATH", str(inside / "data.sqld")),
+            "--http-listen-addr": ("SQLD_HTTP_LISTEN_ADDR", f"{LOOPBACK}:{port}"),
+        }
         if gport is not None:
-            args += ["--grpc-listen-addr", f"{LOOPBACK}:{gport}"]
+            settings["--grpc-listen-addr"] = ("SQLD_GRPC_LISTEN_ADDR", f"{LOOPBACK}:{gport}")
         if primary is not None:
             if primary.grpc_url is None:
                 raise ValueError("a replica node needs a primary that serves gRPC")
-            args += ["--primary-grpc-url", primary.grpc_url]
+            settings["--primary-grpc-url"] = ("SQLD_PRIMARY_GRPC_URL", primary.grpc_url)
         if keys is not None:
-            args += ["--auth-jwt-key-file", str(inside / "jwt_key")]
-        args += list(extra_args)
+            settings["--auth-jwt-key-file"] = ("SQLD_AUTH_JWT_KEY_FILE", str(inside / "jwt_key"))
 
         if chosen == "docker":
-            process: _BinaryProcess | _DockerProcess = _DockerProcess(image, args, work, f"sqld-{role}")
+            env = {name: value for name, value in settings.values()}
+            # The official image's entry point reads these two instead.
+            env["SQLD_NODE"] = "replica" if primary is not None else "primary"
+            if primary is not None:
+                env["SQLD_PRIMARY_URL"] = env["SQLD_PRIMARY_GRPC_URL"]
+            process: _BinaryProcess | _DockerProcess = _DockerProcess(
+                image, env, ["--no-welcome", *extra_args], work, f"sqld-{role}"
+            )
         else:
-            process = _BinaryProcess(binary_path, args, work)
+            args = [item for flag, (_env, value) in settings.items() for item in (flag, value)]
+            process = _BinaryProcess(binary_path, [*args, "--no-welcome", *extra_args], work)
         server = SqldServer(
             role=role,
             process=process,
