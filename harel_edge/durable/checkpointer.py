@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+
 from harel_edge.connection import EdgeConnection
 from harel_edge.durable.database import Database
 from harel_edge.durable.types import (
@@ -198,7 +199,8 @@ class LibsqlCheckpointer:
 
         rows = await self.database.run(work)
         return {
-            step: Written(self.codec.decode(value), from_seconds(written_at)) for step, value, written_at in rows
+            step: Written(self.codec.decode(value), from_seconds(written_at))
+            for step, value, written_at in rows
         }
 
     # ---- the claim ---------------------------------------------------------------------------
@@ -210,9 +212,7 @@ class LibsqlCheckpointer:
         life (`renew`, `record`, `transact`). It can be taken over once it is not alive.
         """
         budget_s, alive_s = _positive(budget, "budget"), _positive(alive, "alive")
-        rows = await self.database.run(
-            lambda c: c.execute(_CLAIM, (workflow, budget_s, alive_s, self._at()))
-        )
+        rows = await self.database.run(lambda c: c.execute(_CLAIM, (workflow, budget_s, alive_s, self._at())))
         if not rows:
             return None
         token, held_until = rows[0]

@@ -56,7 +56,9 @@ RETURNING workflow, visible_at
 # How long until the earliest row becomes visible, by the same clock the take uses.
 _UNTIL_NEXT = f"SELECT MIN(visible_at) - t.now FROM workflow_queue, {_NOW.format(n=2)} WHERE namespace = ?1"
 
-_WAKE_AT = "UPDATE workflow_queue SET visible_at = ?4 WHERE namespace = ?1 AND workflow = ?2 AND visible_at = ?3"
+_WAKE_AT = (
+    "UPDATE workflow_queue SET visible_at = ?4 WHERE namespace = ?1 AND workflow = ?2 AND visible_at = ?3"
+)
 
 _EXTEND = f"""
 UPDATE workflow_queue SET visible_at = t.now + ?4 + {_JITTER}
@@ -105,14 +107,15 @@ class LibsqlScheduler:
         """Create the tables (every worker does this at start; all but the first find them)."""
         await migrate(self.database)
 
-    async def make_ready(self, workflow: str) -> None:
-        """Ask for a pass of the workflow as soon as possible.
+    async def make_ready(self, workflow: str, when: datetime | None = None) -> None:
+        """Ask for a pass of the workflow now (or no later than `when`).
 
-        It never delays a workflow already queued earlier, wakes a sleeping one early (its
-        pass sleeps again if its deadline has not come), and changes the receipt of one out
-        with a worker, so that worker's `done` leaves the row and another pass follows.
+        It never delays a workflow already due earlier, wakes a sleeping one early (its pass
+        sleeps again if its deadline has not come), and changes the receipt of one out with a
+        worker, so that worker's `done` leaves the row and another pass follows.
         """
-        await self.database.run(lambda c: c.execute(_MAKE_READY, (self.namespace, workflow, self._at())))
+        at = self._at() if when is None else to_seconds(when)
+        await self.database.run(lambda c: c.execute(_MAKE_READY, (self.namespace, workflow, at)))
         self.notify()
 
     async def schedule(self, workflow: str, visible_at: datetime) -> None:
@@ -182,7 +185,9 @@ class LibsqlScheduler:
         """
         seconds = within.total_seconds()
         rows = await self.database.run(
-            lambda c: c.execute(_EXTEND, (self.namespace, delivery.workflow, delivery.receipt, seconds, self._at()))
+            lambda c: c.execute(
+                _EXTEND, (self.namespace, delivery.workflow, delivery.receipt, seconds, self._at())
+            )
         )
         return Delivery(delivery.workflow, rows[0][0]) if rows else delivery
 

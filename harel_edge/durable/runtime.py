@@ -1,0 +1,357 @@
+"""Run a workflow durably: an async function whose steps are recorded, replayed on every pass.
+
+A workflow is `async def fn(ctx) -> result`. Each pass runs it from the top; a step already
+recorded returns its recorded value instead of running again, so the function picks up where
+the last pass stopped, in whichever process runs the next pass:
+
+    async def order(ctx):
+        quote = await ctx.step("quote", lambda: price_of(ctx.workflow))       # at most re-run
+        await ctx.transact("charge", lambda tx: tx.execute("INSERT ..."))     # exactly once
+        await ctx.sleep_until(ship_date)                                       # pass ends here
+        answer = await ctx.receive("confirmation")                             # or here
+        return {"quote": quote, "answer": answer}
+
+A pass ends when the function returns (`Finished`), or when it reaches a sleep whose time has
+not come (`Sleeping`) or a message that is not there yet (`Waiting`); the scheduler then starts
+the next pass when the time comes or the message arrives. `run_durably` runs one pass now, in
+this process; `DurableWorker` runs passes as the scheduler hands them out.
+
+While a pass runs, its claim is renewed in the background (and its delivery extended). A pass
+that loses its claim stops before its next write: a renewal that fails marks it, and every
+write is fenced in the database besides. A worker that dies simply stops renewing: after
+`alive` the claim lapses, after the lease the delivery is visible again, and another worker's
+pass replays the function from its records.
+
+Guarantees, per kind of step: `transact` is exactly once (its effect and its record commit
+together, in this database); `step` records its result once, but its function may run again
+if the process dies between running it and recording it (make it idempotent, or use transact).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from harel_edge.durable.checkpointer import LibsqlEffect
+from harel_edge.durable.durable import LibsqlDurable
+from harel_edge.durable.types import INBOX, Delivery, FencedError, Pass, from_seconds, now_utc, to_seconds
+
+log = logging.getLogger(__name__)
+
+BUDGET = timedelta(minutes=15)  # the longest one pass may hold its workflow
+ALIVE = timedelta(seconds=30)  # how long a pass keeps it without a renewal
+RESULT = "$result"  # the key of a finished workflow's return value
+_RESERVED = ("$", INBOX)
+
+
+# ---- what a pass came to -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The function returned; `value` is its result as recorded (and as every later pass sees it)."""
+
+    value: object
+
+
+@dataclass(frozen=True)
+class Sleeping:
+    """The function is waiting for `until`."""
+
+    until: datetime
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The function is waiting for a message: under `key`, or the next inbox entry (None)."""
+
+    key: str | None
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Another pass holds the workflow; nothing was run."""
+
+
+@dataclass(frozen=True)
+class Lost:
+    """This pass lost its claim part way and stopped before its next write."""
+
+
+Outcome = Finished | Sleeping | Waiting | Busy | Lost
+
+
+class _Stop(BaseException):
+    """Ends a pass from inside the function. A BaseException, so `except Exception` in
+    workflow code cannot swallow it (the way asyncio.CancelledError works)."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome)
+        self.outcome = outcome
+
+
+# ---- the function's view of its pass -------------------------------------------------------
+
+
+class Context:
+    """What a workflow function gets: its id and the durable operations of this pass."""
+
+    def __init__(self, durable: LibsqlDurable, holder: Pass, records: dict[str, object], floor: float | None):
+        self.workflow = holder.workflow
+        self._durable = durable
+        self._holder = holder
+        self._records = records
+        self._floor = floor  # when the scheduler handed the pass out, by the database's clock
+        self._sleeps = 0
+        self._received = 0
+        self.lost = False
+
+    def now(self) -> datetime:
+        """The time sleeps are measured by: this machine's clock (or the store's injected one),
+        but never earlier than the moment the scheduler woke this pass, so a machine whose
+        clock lags the primary's does not sleep again on a deadline the primary saw pass."""
+        clock = self._durable.checkpointer.now or now_utc
+        current = clock()
+        if self._floor is not None and current.timestamp() < self._floor:
+            return from_seconds(self._floor)
+        return current
+
+    async def step(self, name: str, fn: Callable[[], Any]) -> Any:
+        """Run `fn` once and record its result; on later passes, return the recorded result.
+
+        `fn` may be sync or async. If the process dies after `fn` ran and before its result was
+        recorded, the next pass runs it again: make it idempotent, or use `transact`.
+        """
+        _check_name(name)
+        if name in self._records:
+            return self._records[name]
+        self._check_alive()
+        value = fn()
+        if inspect.isawaitable(value):
+            value = await value
+        return await self._record(name, value)
+
+    async def transact(self, name: str, effect: LibsqlEffect) -> Any:
+        """Run `effect(tx)` inside the transaction that records its result: exactly once.
+
+        The effect's statements (`tx.execute(...)`) commit together with the step's record, so
+        they happen exactly once however often the pass is replayed or its worker killed.
+        It runs on a thread holding the database: keep it short, and no awaiting inside.
+        """
+        _check_name(name)
+        if name in self._records:
+            return self._records[name]
+        self._check_alive()
+        try:
+            value = await self._durable.checkpointer.transact(self._holder, name, effect)
+        except FencedError:
+            raise _Stop(Lost()) from None
+        self._records[name] = value
+        return value
+
+    async def sleep_until(self, when: datetime) -> None:
+        """Return once `when` has passed; until then end the pass, to be woken at `when`.
+
+        The deadline is recorded the first time this sleep is reached, so a function that
+        computes it from the clock (`ctx.now() + timedelta(hours=1)`) keeps the first value on
+        every replay.
+        """
+        key = f"$sleep/{self._sleeps}"
+        self._sleeps += 1
+        if key in self._records:
+            deadline = from_seconds(float(self._records[key]))
+        else:
+            self._check_alive()
+            deadline = from_seconds(float(await self._record(key, to_seconds(when))))
+        if self.now() < deadline:
+            raise _Stop(Sleeping(deadline))
+
+    async def receive(self, key: str | None = None) -> Any:
+        """The message filed under `key` (by `arrive`/`supply`), or with no key the next inbox
+        entry (by `deliver`/`append`, in the order they were sent); if it is not there yet,
+        the pass ends and the arrival starts the next one."""
+        if key is not None:
+            if key not in self._records:
+                await self._reload()
+                if key not in self._records:
+                    raise _Stop(Waiting(key))
+            return self._records[key]
+        inbox = [value for name, value in self._records.items() if name.startswith(INBOX)]
+        if self._received >= len(inbox):
+            await self._reload()
+            inbox = [value for name, value in self._records.items() if name.startswith(INBOX)]
+            if self._received >= len(inbox):
+                raise _Stop(Waiting(None))
+        self._received += 1
+        return inbox[self._received - 1]
+
+    # -- internals --
+
+    def _check_alive(self) -> None:
+        if self.lost:
+            raise _Stop(Lost())
+
+    async def _record(self, key: str, value: object) -> object:
+        try:
+            recorded = await self._durable.checkpointer.record(self._holder, key, value)
+        except FencedError:
+            raise _Stop(Lost()) from None
+        self._records[key] = recorded.value
+        return recorded.value
+
+    async def _reload(self) -> None:
+        fresh = await self._durable.checkpointer.load(self.workflow)
+        self._records.clear()
+        self._records.update(fresh)
+
+
+def _check_name(name: str) -> None:
+    if not name or name.startswith(_RESERVED):
+        raise ValueError(
+            f"step name {name!r} is empty or reserved: names starting with {_RESERVED} are the runtime's"
+        )
+
+
+WorkflowFn = Callable[[Context], Awaitable[Any]]
+
+
+# ---- one pass --------------------------------------------------------------------------------
+
+
+async def _run_pass(
+    durable: LibsqlDurable,
+    holder: Pass,
+    fn: WorkflowFn,
+    alive: timedelta,
+    delivery: list[Delivery | None],
+) -> Outcome:
+    """Replay `fn` under `holder`, keeping the claim (and the delivery in `delivery[0]`) alive."""
+    records = await durable.checkpointer.load(holder.workflow)
+    if RESULT in records:
+        return Finished(records[RESULT])
+    taken = delivery[0]
+    floor = None if taken is None else taken.receipt - durable.scheduler.lease_seconds
+    ctx = Context(durable, holder, records, floor)
+    keeper = asyncio.create_task(_keep(durable, holder, alive, delivery, ctx))
+    try:
+        value = await fn(ctx)
+        ctx._check_alive()
+        return Finished(await ctx._record(RESULT, value))
+    except _Stop as stop:
+        return stop.outcome
+    finally:
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper
+
+
+async def _keep(
+    durable: LibsqlDurable, holder: Pass, alive: timedelta, delivery: list[Delivery | None], ctx: Context
+) -> None:
+    """Renew the claim and extend the delivery until cancelled; mark the pass lost if refused."""
+    lease = durable.scheduler.lease
+    every = min(alive, lease).total_seconds() / 3
+    while True:
+        await asyncio.sleep(every)
+        try:
+            if not await durable.checkpointer.renew(holder, alive):
+                ctx.lost = True
+                return
+            if delivery[0] is not None:
+                delivery[0] = await durable.scheduler.extend(delivery[0], lease)
+        except Exception:  # noqa: BLE001 - a failed renewal is retried; fencing keeps writes safe
+            log.warning("renewing workflow %r failed; retrying", holder.workflow, exc_info=True)
+
+
+async def run_durably(
+    durable: LibsqlDurable,
+    workflow: str,
+    fn: WorkflowFn,
+    *,
+    budget: timedelta = BUDGET,
+    alive: timedelta = ALIVE,
+) -> Outcome:
+    """Run one pass of workflow `workflow` now, in this process, and say how it ended.
+
+    Starts the workflow if it is new, resumes it otherwise. What is left to do is left to
+    the scheduler: a sleeping workflow is scheduled for its deadline, a waiting one is woken
+    by the message it waits for, so a `DurableWorker` (here or anywhere) continues it. An
+    exception from `fn` propagates, with the claim released and nothing else changed.
+    """
+    holder = await durable.checkpointer.claim(workflow, budget, alive)
+    if holder is None:
+        return Busy()
+    outcome: Outcome | None = None
+    try:
+        outcome = await _run_pass(durable, holder, fn, alive, [None])
+    finally:
+        if not isinstance(outcome, Lost):
+            await durable.checkpointer.release(holder)
+    if isinstance(outcome, Sleeping):
+        await durable.scheduler.make_ready(workflow, outcome.until)
+    elif isinstance(outcome, Finished):
+        await durable.scheduler.cancel(workflow)
+    return outcome
+
+
+@dataclass(eq=False)
+class DurableWorker:
+    """Runs passes of the workflows the scheduler hands out, one at a time, with `fn`.
+
+    One function per scheduler namespace: `fn` gets every workflow of the namespace (use
+    `ctx.workflow` to tell them apart, or one namespace per kind of workflow).
+    `busy_retry` is how soon a workflow found held by another pass is looked at again.
+    """
+
+    durable: LibsqlDurable
+    fn: WorkflowFn
+    budget: timedelta = BUDGET
+    alive: timedelta = ALIVE
+    busy_retry: timedelta = timedelta(seconds=1)
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Run passes until `stop` is set (or the task is cancelled); errors are logged, not fatal."""
+        failures = 0
+        while stop is None or not stop.is_set():
+            try:
+                await self.run_once(timedelta(seconds=1))
+                failures = 0
+            except Exception:  # noqa: BLE001 - a worker outlives one bad pass or a lost link
+                failures += 1
+                log.exception("durable worker: a pass failed")
+                await asyncio.sleep(min(0.05 * 2**failures, 5.0))
+
+    async def run_once(self, within: timedelta) -> Outcome | None:
+        """Take the next ready workflow (waiting up to `within`) and run a pass of it."""
+        delivery = await self.durable.scheduler.next_ready(within)
+        if delivery is None:
+            return None
+        return await self.handle(delivery)
+
+    async def handle(self, delivery: Delivery) -> Outcome:
+        """Claim, run one pass, and tell the scheduler what comes next."""
+        scheduler = self.durable.scheduler
+        holder = await self.durable.checkpointer.claim(delivery.workflow, self.budget, self.alive)
+        if holder is None:
+            await scheduler.extend(delivery, self.busy_retry)
+            return Busy()
+        box: list[Delivery | None] = [delivery]
+        outcome: Outcome | None = None
+        try:
+            outcome = await _run_pass(self.durable, holder, self.fn, self.alive, box)
+        finally:
+            if not isinstance(outcome, Lost):
+                await self.durable.checkpointer.release(holder)
+        current = box[0]
+        assert current is not None
+        if isinstance(outcome, Sleeping):
+            await scheduler.wake_at(current, outcome.until)
+        elif isinstance(outcome, Finished | Waiting):
+            await scheduler.done(current)
+        return outcome
