@@ -128,12 +128,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.sqld)
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    """Say in the run's header which sqld backends can run here, and whether sqld is required."""
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """Say in the run's header which sqld backends can run here, and whether sqld is required.
+
+    Silent where the test extras are not installed: the plugin may be loaded in projects
+    that never use sqld.
+    """
     try:
         from harel_edge.testing.sqld import backend_unavailable_reason, sqld_image  # noqa: PLC0415
-    except ImportError as exc:
-        return f"sqld: helpers not importable ({exc})"
+    except ImportError:
+        return None
     parts = []
     for backend in BACKENDS:
         reason = backend_unavailable_reason(backend)  # type: ignore[arg-type]

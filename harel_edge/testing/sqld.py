@@ -535,9 +535,12 @@ class SqldServer:
         deadline = time.monotonic() + timeout
         delay = 0.01
         while True:
-            if self.healthy(timeout=min(1.0, max(0.05, deadline - time.monotonic()))):
-                return
+            answered = self.healthy(timeout=min(1.0, max(0.05, deadline - time.monotonic())))
+            # Checked after the answer too: if sqld failed to bind its port, whatever else
+            # holds that port may have answered.
             exit_status = self._process.exit_status()
+            if answered and exit_status is None:
+                return
             if exit_status is not None:
                 raise SqldStartError(
                     f"sqld {self.role} ({self.backend}) exited before it was ready "
