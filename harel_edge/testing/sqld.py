@@ -220,6 +220,59 @@ def _free_port() -> int:
 # --------------------------------------------------------------------------- processes
 
 
+# --------------------------------------------------------------------------- leftovers
+
+# A test process killed outright (SIGKILL, or SIGTERM from `timeout`) runs no cleanup, and
+# the Ryuk reaper is off, so its sqld processes and containers would live on. Each one is
+# tagged with the pid of the process that started it, and the first launch in a later
+# process removes those whose owner is dead. The engine and the binaries are local (host
+# network, loopback), so pids are comparable.
+_OWNER_FILE = ".harel-edge-owner"
+_OWNER_LABEL = "harel_edge.testing.owner_pid"
+_reaped: set[str] = set()
+
+
+def _pid_alive(pid: int) -> bool:
+    """True if process ``pid`` exists and is not a zombie (a killed owner may linger as one)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    return "\nState:\tZ" not in status
+
+
+def _reap_leftover_processes_and_dirs() -> None:
+    if "dirs" in _reaped:
+        return
+    _reaped.add("dirs")
+    for owner_file in Path(tempfile.gettempdir()).glob(f"harel-edge-sqld-*/{_OWNER_FILE}"):
+        with contextlib.suppress(OSError, ValueError):
+            owner, *sqld_pid = (int(part) for part in owner_file.read_text().split())
+            if _pid_alive(owner):
+                continue
+            comm = Path(f"/proc/{sqld_pid[0]}/comm") if sqld_pid else None
+            if comm and comm.exists() and comm.read_text().strip() == "sqld":
+                os.kill(sqld_pid[0], signal.SIGKILL)
+            shutil.rmtree(owner_file.parent, ignore_errors=True)
+
+
+def _reap_docker_leftovers(client) -> None:
+    if "docker" in _reaped:
+        return
+    _reaped.add("docker")
+    with contextlib.suppress(Exception):
+        for container in client.containers.list(all=True, filters={"label": _OWNER_LABEL}):
+            with contextlib.suppress(Exception):
+                if not _pid_alive(int(container.labels[_OWNER_LABEL])):
+                    container.remove(force=True, v=True)
+
+
 class _BinaryProcess:
     """sqld as a subprocess of this one; its output goes to a log file."""
 
@@ -242,9 +295,9 @@ class _BinaryProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                # Own session: a Ctrl-C aimed at pytest does not reach sqld before teardown.
-                start_new_session=True,
+                # Same process group as the caller: a Ctrl-C stops sqld too.
             )
+        (self._log_path.parent / _OWNER_FILE).write_text(f"{os.getpid()} {self._proc.pid}\n")
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -316,11 +369,13 @@ class _DockerProcess:
 
         client = _docker_client()
         try:
+            _reap_docker_leftovers(client)
             config = client.images.get(image).attrs.get("Config") or {}
         finally:
             client.close()
         entrypoint = config.get("Entrypoint") or []
-        kwargs: dict[str, object] = {"network_mode": "host", "labels": {"harel_edge.testing": name_hint}}
+        labels = {"harel_edge.testing": name_hint, _OWNER_LABEL: str(os.getpid())}
+        kwargs: dict[str, object] = {"network_mode": "host", "labels": labels}
         if entrypoint and Path(entrypoint[0]).name == "sqld":
             # sqld itself is the entry point (our image): run it as the caller, so that the
             # files it writes in the work dir stay the caller's to delete.
@@ -635,6 +690,9 @@ def _launch(
     owns_work_dir = work_dir is None
     work = Path(tempfile.mkdtemp(prefix=f"harel-edge-sqld-{role}-")) if work_dir is None else Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
+    _reap_leftover_processes_and_dirs()
+    if owns_work_dir:
+        (work / _OWNER_FILE).write_text(f"{os.getpid()}\n")
     if role == "primary" and auth and keys is None:
         keys = generate_keys()
     if not auth:
