@@ -334,3 +334,39 @@ def test_make_keys_writes_a_key_sqld_accepts_and_private_files_only_its_owner_re
             conn = _connect(server, ro_token)
             conn.execute("CREATE TABLE nope (n INTEGER)")
             conn.commit()
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+def _run_pytest_with_sqld_unavailable(tmp_path: Path, *, required: bool) -> subprocess.CompletedProcess[str]:
+    """Run a one-test suite that asks for ``sqld_primary`` where no sqld can start."""
+    (tmp_path / "test_needs_sqld.py").write_text("def test_needs_sqld(sqld_primary):\n    pass\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        "HAREL_EDGE_SQLD_BACKEND": "binary",
+        "HAREL_EDGE_SQLD_BINARY": str(tmp_path / "no-sqld-here"),
+        "HAREL_EDGE_REQUIRE_SQLD": "1" if required else "",
+    }
+    return subprocess.run(  # noqa: S603
+        [sys.executable, "-m", "pytest", "-p", "harel_edge.testing.fixtures", "-p", "no:cacheprovider",
+         "-rs", "-q", "-c", os.devnull, "--rootdir", str(tmp_path), str(tmp_path)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+
+
+def test_a_sqld_fixture_skips_with_the_reason_when_sqld_cannot_start(tmp_path: Path) -> None:
+    result = _run_pytest_with_sqld_unavailable(tmp_path, required=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 skipped" in result.stdout
+    assert "HAREL_EDGE_SQLD_BINARY" in result.stdout
+
+
+def test_a_sqld_fixture_fails_with_the_reason_when_sqld_is_required(tmp_path: Path) -> None:
+    result = _run_pytest_with_sqld_unavailable(tmp_path, required=True)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "1 error" in result.stdout
+    assert "sqld is required (HAREL_EDGE_REQUIRE_SQLD=1) but cannot start" in result.stdout
+    assert "HAREL_EDGE_SQLD_BINARY" in result.stdout
