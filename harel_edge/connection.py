@@ -18,16 +18,27 @@ cannot drift apart:
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
 
-import libsql
+# The driver's Rust tracing prints INFO lines (one per replica handshake) to STDOUT, where they
+# mix with a program's own output. It reads RUST_LOG once, when first used: quiet it unless
+# the user asked for something.
+os.environ.setdefault("RUST_LOG", "error")
+
+import libsql  # noqa: E402
 
 from harel_edge.errors import AuthError, NotADatabaseError, PrimaryUnavailableError
 from harel_edge.settings import EdgeSettings
 
 Rows = list[tuple]
+
+# sqld drops a Hrana stream after ~10 s without a request (STREAM_EXPIRED, measured at 11 s),
+# after which the driver's remote connection is dead for good. Reopening before that costs a
+# fresh stream instead of a failed round trip and a retry.
+REMOTE_IDLE_REOPEN = 8.0
 
 
 class EdgeConnection:
@@ -45,6 +56,7 @@ class EdgeConnection:
         self.last_sync_error: str | None = None
         self._raw: Any = None
         self._raw = _open(settings)
+        self._used_at = time.monotonic()
         if self.profile == "replica":
             self.sync()
 
@@ -64,11 +76,16 @@ class EdgeConnection:
 
     def execute(self, sql: str, params: tuple | list = ()) -> Rows:
         """Run one statement and return every row it produced (RETURNING rows included)."""
+        now = time.monotonic()
+        if self.profile == "sqld" and now - self._used_at > REMOTE_IDLE_REOPEN and not self.in_transaction:
+            self.reopen()
+        self._used_at = now
         cursor = self._raw.execute(sql, tuple(params))
         return cursor.fetchall() if cursor.description else []
 
-    def executemany(self, sql: str, rows: list[tuple]) -> None:
-        self._raw.executemany(sql, rows)
+    @property
+    def in_transaction(self) -> bool:
+        return bool(self._raw is not None and self._raw.in_transaction)
 
     def sync(self) -> None:
         """Pull the primary's changes into the embedded replica; nothing to do elsewhere."""

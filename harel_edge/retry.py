@@ -37,63 +37,72 @@ from harel_edge.settings import EdgeSettings
 log = structlog.get_logger("harel_edge.retry")
 T = TypeVar("T")
 
+# The texts below are the ones libsql 0.1.8 and sqld 0.24 were seen to produce (see
+# docs/operations.md, "Errors"); match on the text, not on a status: a replica reports a write
+# to a missing table as PermissionDenied, and a bad token on sync as a handshake timeout.
+
 # Never transient, checked first: the same statement would fail the same way again.
 PERMANENT_MARKERS = (
     "constraint failed",
-    "unique constraint",
+    "sqlite_constraint",
     "syntax error",
+    "sql_input_error",
     "no such table",
     "no such column",
     "has no column",
     "duplicate column",
     "datatype mismatch",
-    "not authorized",
+    "unsupported statement",
+    "status=401",
+    "status=403",
+    "unauthenticated",
     "unauthorized",
+    "authorization forbidden",
     "forbidden",
-    "401",
-    "403",
-    "jwt",
-    "authorization",
-    "read-only",
     "readonly",
+    "read-only",
     "not a database",
     "malformed",
-    "schema version",
 )
 
-# Transient: the link or the server's expiries, or the write lock being held.
+# Transient: the link, sqld's own expiries, or the write lock being held by someone else.
 TRANSIENT_MARKERS = (
     "database is locked",
     "database is busy",
-    "sqlite_busy",
-    "transaction timed-out",
     "transaction timed out",
+    "transaction timed-out",
+    "transaction_timeout",
+    "stream_expired",
     "stream expired",
-    "stream not found",
+    "invalid baton",
+    "connection has reached an invalid state",
     "connection refused",
     "connection reset",
     "connection closed",
-    "connection aborted",
     "broken pipe",
-    "timed out",
-    "timeout",
     "error trying to connect",
     "tcp connect error",
-    "hyper",
-    "http error",
-    "status=5",
-    "502",
-    "503",
-    "504",
+    "status: unavailable",
+    "timeout performing handshake",
     "sync error",
-    "failed to sync",
-    "replication",
-    "invalid state",
+    "timed out",
+    "status=502",
+    "status=503",
+    "status=504",
     "unexpected eof",
-    "end of file",
     "channel closed",
-    "operation was canceled",
-    "service unavailable",
+)
+
+# After these the driver's connection is dead for good (a remote stream is gone after sqld
+# restarted or after ~10 s idle): only a new connection works.
+REOPEN_MARKERS = (
+    "stream_expired",
+    "stream expired",
+    "invalid baton",
+    "connection has reached an invalid state",
+    "connection closed",
+    "broken pipe",
+    "unexpected eof",
 )
 
 
@@ -112,11 +121,7 @@ def is_transient(exc: BaseException) -> bool:
 def needs_reopen(exc: BaseException) -> bool:
     """True when the driver's connection itself is unusable after this error."""
     text = str(exc).lower()
-    return any(
-        marker in text
-        for marker in ("invalid state", "stream expired", "stream not found", "connection closed",
-                       "connection reset", "broken pipe", "unexpected eof", "channel closed")
-    )
+    return any(marker in text for marker in REOPEN_MARKERS)
 
 
 def _log_attempt(operation: str) -> Callable[[RetryCallState], None]:

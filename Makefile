@@ -1,0 +1,53 @@
+# Every target does its own set-up, so each works on a fresh machine.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed
+export SQLD_IMAGE ?= harel-edge/sqld:0.24.32
+
+.PHONY: demo test test-local lint bench docker sqld-binary sqld-image up down clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## The main job on the default local profile: two workers, a statechart and a workflow.
+demo: $(STAMP)
+	$(VENV)/bin/harel-edge demo
+
+## The whole suite: installs and starts Docker, builds the sqld image, then runs every test.
+test: $(STAMP) docker sqld-binary sqld-image
+	$(PY) -m pytest
+
+## Only what needs nothing but the package (no sqld).
+test-local: $(STAMP)
+	$(PY) -m pytest tests/unit tests/contract -m "not sqld"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check harel_edge tests benchmarks
+
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py
+
+docker:
+	bash scripts/start-docker.sh
+
+sqld-binary:
+	bash sqld/fetch-binary.sh
+
+sqld-image: docker sqld-binary
+	bash sqld/build-image.sh
+
+up: sqld-image
+	bash compose/up.sh
+
+down:
+	bash compose/down.sh
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache .hypothesis
