@@ -37,6 +37,11 @@ SCHEMA_VERSION = 5
 
 PARKED = "__parked__"  # harel's sentinel `locked_by` for a message parked by nack(delay > 0)
 
+# The database's clock as epoch seconds with a fraction. Not `unixepoch('subsec')`: that needs
+# SQLite 3.42, and a trigger must also work when an older SQLite (Python's own sqlite3, which
+# harel's SqliteTransport uses) writes to a file harel_edge upgraded; there it returns NULL.
+DB_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+
 
 @dataclass(frozen=True)
 class EdgeNames:
@@ -117,7 +122,7 @@ def transport_additions(prefix: str = DEFAULT_PREFIX) -> list[str]:
         # database's clock: one clock for every worker, and only its order matters.
         f"CREATE TRIGGER IF NOT EXISTS {n.claim_trigger} AFTER UPDATE OF locked_by ON {n.messages}"
         f" WHEN NEW.locked_by IS NOT NULL AND NEW.locked_by <> '{PARKED}' BEGIN"
-        f" UPDATE {n.groups} SET last_claimed_at = unixepoch('subsec') WHERE group_id = NEW.group_id;"
+        f" UPDATE {n.groups} SET last_claimed_at = {DB_NOW} WHERE group_id = NEW.group_id;"
         f" END",
         f"CREATE TRIGGER IF NOT EXISTS {n.drain_trigger} AFTER DELETE ON {n.messages} BEGIN"
         f" DELETE FROM {n.groups} WHERE group_id = OLD.group_id"
@@ -134,7 +139,7 @@ def durable_tables() -> list[str]:
         " workflow TEXT NOT NULL,"
         " step TEXT NOT NULL,"
         " value TEXT NOT NULL,"
-        " written_at REAL NOT NULL DEFAULT (unixepoch('now', 'subsec')),"
+        f" written_at REAL NOT NULL DEFAULT ({DB_NOW}),"
         " UNIQUE (workflow, step))",
         "CREATE TABLE IF NOT EXISTS workflow_claim ("
         " workflow TEXT PRIMARY KEY,"

@@ -17,7 +17,7 @@ claim, ack and nack are each one statement on every profile.
 
 Whose clock. A lease is compared by every worker of the deployment, on machines whose clocks
 differ. Unless a clock is injected (tests), "now" is the database's clock,
-`unixepoch('subsec')` evaluated inside the statement: on sqld and replica that is the
+evaluated inside the statement (`schema.DB_NOW`): on sqld and replica that is the
 primary's, the one clock every claim is decided by. A skewed edge machine cannot then steal a
 live lease or hold one past its deadline.
 
@@ -44,7 +44,7 @@ from harel.spec.states import Event
 from harel_edge import retry, schema
 from harel_edge.connection import EdgeConnection
 from harel_edge.errors import SchemaError, SchemaTooNewError
-from harel_edge.schema import PARKED, EdgeNames
+from harel_edge.schema import DB_NOW, PARKED, EdgeNames
 from harel_edge.settings import EdgeSettings, ExplicitSettings
 
 log = structlog.get_logger("harel_edge.transport")
@@ -56,7 +56,7 @@ MAX_PRIORITY = 4
 BATCH_ROWS = 500
 
 # `now` is bound as a parameter: None means the database's clock.
-_NOW = "COALESCE(?, unixepoch('subsec'))"
+_NOW = f"COALESCE(?, {DB_NOW})"
 
 
 @dataclass(frozen=True)

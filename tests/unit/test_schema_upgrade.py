@@ -1,0 +1,172 @@
+"""A file made by harel 0.9 is upgraded in place; a file from a newer harel_edge is refused."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+
+import pytest
+from harel.engine.transport import LibsqlTransport as HarelLibsqlTransport
+from harel.engine.transport import SqliteTransport as HarelSqliteTransport
+from harel.spec.states import Event
+
+from harel_edge import LibsqlTransport, SchemaError, SchemaTooNewError, schema
+from harel_edge.settings import ExplicitSettings
+
+HAREL_TRANSPORTS = {"SqliteTransport": HarelSqliteTransport, "LibsqlTransport": HarelLibsqlTransport}
+
+
+def columns(path, table="harel_transport_groups"):
+    with sqlite3.connect(path) as db:
+        return [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+
+
+def user_version(path):
+    with sqlite3.connect(path) as db:
+        return db.execute("PRAGMA user_version").fetchone()[0]
+
+
+def harel_file(tmp_path, kind):
+    """A queue file as harel 0.9.0 leaves it: old tables, three messages in two groups."""
+    path = str(tmp_path / f"{kind}.db")
+    old = HAREL_TRANSPORTS[kind](path)
+    old.publish("G", Event(kind="g1"), priority=2)
+    old.publish("G", Event(kind="g2"))
+    old.publish("H", Event(kind="h1"))
+    old.close()
+    assert "routing_key" not in columns(path), "harel 0.9 makes the older tables"
+    return path
+
+
+def drain(transport, **claim):
+    out = []
+    while (lease := transport.claim("w", 30, **claim)) is not None:
+        out.append(lease.event.kind)
+        transport.ack(lease)
+    return out
+
+
+@pytest.mark.parametrize("kind", sorted(HAREL_TRANSPORTS))
+def test_a_file_harel_made_is_upgraded_and_its_messages_stay_claimable(tmp_path, kind):
+    path = harel_file(tmp_path, kind)
+    t = LibsqlTransport(path)
+    try:
+        assert columns(path).count("routing_key") == 1
+        assert user_version(path) == schema.SCHEMA_VERSION
+        assert drain(t, min_priority=2) == ["g1", "g2"], "the group kept its priority and its order"
+        assert drain(t) == ["h1"]
+        t.publish("R", Event(kind="routed"), routing_key="eu")
+        assert drain(t, routing_keys=["us"]) == []
+        assert drain(t, routing_keys=["eu"]) == ["routed"]
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("kind", sorted(HAREL_TRANSPORTS))
+def test_harel_can_still_use_a_file_harel_edge_upgraded(tmp_path, kind):
+    path = harel_file(tmp_path, kind)
+    LibsqlTransport(path).close()
+    old = HAREL_TRANSPORTS[kind](path)
+    try:
+        lease = old.claim("w", 30)
+        assert lease.event.kind == "g1"
+        old.ack(lease)
+        old.publish("N", Event(kind="from-harel"))
+    finally:
+        old.close()
+    t = LibsqlTransport(path)
+    try:
+        assert sorted(drain(t)) == ["from-harel", "g2", "h1"]
+    finally:
+        t.close()
+
+
+def _start_at_once(path, barrier, results):
+    barrier.wait()
+    try:
+        LibsqlTransport(path).close()
+        results.put("ok")
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        results.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_two_processes_upgrading_one_file_at_the_same_moment_both_start(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    for attempt in range(3):  # three races, each on a fresh harel file
+        (tmp_path / f"race{attempt}").mkdir()
+        path = harel_file(tmp_path / f"race{attempt}", "SqliteTransport")
+        barrier, results = ctx.Barrier(2), ctx.Queue()
+        workers = [ctx.Process(target=_start_at_once, args=(path, barrier, results)) for _ in range(2)]
+        for w in workers:
+            w.start()
+        outcomes = [results.get(timeout=60) for _ in workers]
+        for w in workers:
+            w.join(timeout=60)
+        assert outcomes == ["ok", "ok"]
+        assert columns(path).count("routing_key") == 1
+        assert user_version(path) == schema.SCHEMA_VERSION
+
+
+def test_a_file_from_a_newer_harel_edge_is_refused_and_left_untouched(tmp_path):
+    path = str(tmp_path / "newer.db")
+    LibsqlTransport(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute(f"PRAGMA user_version = {schema.SCHEMA_VERSION + 1}")
+    with pytest.raises(SchemaTooNewError, match="upgrade harel_edge"):
+        LibsqlTransport(path)
+    with pytest.raises(SchemaTooNewError):
+        LibsqlTransport(path, create_schema=False)
+    assert user_version(path) == schema.SCHEMA_VERSION + 1
+
+
+def test_without_create_schema_an_old_file_is_refused_with_what_to_run(tmp_path):
+    path = harel_file(tmp_path, "SqliteTransport")
+    with pytest.raises(SchemaError, match="harel-edge migrate"):
+        LibsqlTransport(path, create_schema=False)
+    assert "routing_key" not in columns(path), "nothing was changed"
+
+
+def test_migrating_twice_changes_nothing(tmp_path):
+    path = str(tmp_path / "twice.db")
+    LibsqlTransport(path).close()
+    with sqlite3.connect(path) as db:
+        before = db.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
+    LibsqlTransport(path).close()
+    with sqlite3.connect(path) as db:
+        after = db.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
+    assert before == after
+
+
+def test_the_migration_sql_builds_a_database_the_transport_accepts_as_is(tmp_path):
+    path = str(tmp_path / "tool.db")
+    with sqlite3.connect(path) as db:
+        for statement in schema.migration_sql("tool"):
+            db.execute(statement)
+    t = LibsqlTransport(path, prefix="tool", create_schema=False)
+    try:
+        t.publish("G", Event(kind="e"), routing_key="eu")
+        assert drain(t, routing_keys=["eu"]) == ["e"]
+    finally:
+        t.close()
+
+
+def test_the_routing_upgrade_statement_upgrades_a_harel_file_for_a_migration_tool(tmp_path):
+    path = harel_file(tmp_path, "LibsqlTransport")
+    with sqlite3.connect(path) as db:
+        db.execute(schema.routing_upgrade())
+        for statement in schema.migration_sql():
+            db.execute(statement)
+    t = LibsqlTransport(path, create_schema=False)
+    try:
+        assert sorted(drain(t)) == ["g1", "g2", "h1"]
+    finally:
+        t.close()
+
+
+def test_a_file_that_is_not_a_database_is_refused_and_left_untouched(tmp_path):
+    path = tmp_path / "notes.db"
+    path.write_bytes(b"these are my notes, not a database\n" * 200)
+    before = path.read_bytes()
+    with pytest.raises(Exception, match="not a SQLite/libSQL database"):
+        LibsqlTransport(settings=ExplicitSettings.load(db_path=str(path)))
+    assert path.read_bytes() == before
