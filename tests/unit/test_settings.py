@@ -1,0 +1,133 @@
+"""Settings are read when asked, accept harel's variables, and refuse every unworkable combination
+with a message that names the variable and says what to set."""
+
+from __future__ import annotations
+
+import pytest
+
+from harel_edge import ConfigurationError, EdgeSettings, LibsqlTransport
+from harel_edge.settings import ExplicitSettings
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    import os
+
+    for name in list(os.environ):
+        if name.startswith(("HAREL_EDGE_", "HAREL_LIBSQL_")):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)  # no stray .env
+
+
+def load(monkeypatch, **env):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return EdgeSettings.load()
+
+
+def test_with_nothing_set_the_profile_is_a_local_file(monkeypatch):
+    s = load(monkeypatch)
+    assert (s.profile, s.db_path, s.durability, s.prefix) == ("local", "harel_edge.db", "full", "harel")
+
+
+def test_settings_are_read_when_loaded_not_at_import(monkeypatch):
+    monkeypatch.setenv("HAREL_EDGE_PREFIX", "first")
+    assert EdgeSettings.load().prefix == "first"
+    monkeypatch.setenv("HAREL_EDGE_PREFIX", "second")
+    assert EdgeSettings.load().prefix == "second"
+
+
+def test_harels_own_variables_select_an_embedded_replica(monkeypatch):
+    s = load(
+        monkeypatch,
+        HAREL_LIBSQL_DB="/var/lib/edge/replica.db",
+        HAREL_LIBSQL_SYNC_URL="http://127.0.0.1:8080",
+        HAREL_LIBSQL_AUTH_TOKEN="not-for-your-eyes",
+    )
+    assert (s.profile, s.db_path, s.sync_url) == ("replica", "/var/lib/edge/replica.db", "http://127.0.0.1:8080")
+    assert s.auth_token.get_secret_value() == "not-for-your-eyes"
+
+
+def test_a_harel_url_in_the_database_variable_selects_the_sqld_profile(monkeypatch):
+    s = load(monkeypatch, HAREL_LIBSQL_DB="libsql://db-org.turso.io")
+    assert (s.profile, s.url) == ("sqld", "libsql://db-org.turso.io")
+
+
+def test_a_dotenv_file_is_read(monkeypatch, tmp_path):
+    (tmp_path / ".env").write_text("HAREL_EDGE_VISIBILITY=12.5\nHAREL_EDGE_ROUTING_KEYS=eu,us\n")
+    s = load(monkeypatch)
+    assert (s.visibility, s.routing_keys) == (12.5, ("eu", "us"))
+
+
+def test_the_token_never_appears_in_repr_str_or_config_show(monkeypatch):
+    s = load(monkeypatch, HAREL_EDGE_PROFILE="sqld", HAREL_EDGE_URL="http://127.0.0.1:1", HAREL_EDGE_AUTH_TOKEN="s3cr3t-t0ken")
+    assert "s3cr3t-t0ken" not in repr(s)
+    assert "s3cr3t-t0ken" not in str(s)
+    assert "s3cr3t-t0ken" not in str(s.redacted())
+    assert s.redacted()["auth_token"] == "**********"
+
+
+@pytest.mark.parametrize(
+    "env, variable, advice",
+    [
+        ({"HAREL_EDGE_PROFILE": "cloud"}, "HAREL_EDGE_PROFILE", "one of local, sqld, replica"),
+        ({"HAREL_EDGE_PROFILE": "replica"}, "HAREL_EDGE_SYNC_URL", "set HAREL_EDGE_SYNC_URL"),
+        ({"HAREL_EDGE_PROFILE": "sqld"}, "HAREL_EDGE_URL", "set HAREL_EDGE_URL"),
+        ({"HAREL_EDGE_PROFILE": "sqld", "HAREL_EDGE_URL": "/srv/queue.db"}, "HAREL_EDGE_URL", "http://host:port"),
+        ({"HAREL_EDGE_PROFILE": "sqld", "HAREL_EDGE_URL": "http//127.0.0.1:8080"}, "HAREL_EDGE_URL", "not a server URL"),
+        ({"HAREL_EDGE_PROFILE": "sqld", "HAREL_EDGE_URL": "http://127.0.0.1:99999"}, "HAREL_EDGE_URL", "malformed port"),
+        ({"HAREL_EDGE_PROFILE": "replica", "HAREL_EDGE_SYNC_URL": "ftp://x"}, "HAREL_EDGE_SYNC_URL", "not a server URL"),
+        ({"HAREL_EDGE_PROFILE": "replica", "HAREL_EDGE_SYNC_URL": "http://127.0.0.1:8080", "HAREL_EDGE_DB_PATH": ":memory:"}, "HAREL_EDGE_DB_PATH", "must be a local file"),
+        ({"HAREL_EDGE_PROFILE": "local", "HAREL_EDGE_SYNC_URL": "http://127.0.0.1:8080"}, "HAREL_EDGE_SYNC_URL", "HAREL_EDGE_PROFILE=replica"),
+        ({"HAREL_EDGE_PROFILE": "local", "HAREL_EDGE_URL": "http://127.0.0.1:8080"}, "HAREL_EDGE_URL", "HAREL_EDGE_PROFILE=sqld"),
+        ({"HAREL_EDGE_PROFILE": "local", "HAREL_EDGE_DB_PATH": "http://127.0.0.1:8080"}, "HAREL_EDGE_DB_PATH", "needs a file path"),
+        ({"HAREL_EDGE_PROFILE": "sqld", "HAREL_EDGE_URL": "http://127.0.0.1:8080", "HAREL_EDGE_SYNC_URL": "http://127.0.0.1:8080"}, "HAREL_EDGE_SYNC_URL", "HAREL_EDGE_PROFILE=replica"),
+        ({"HAREL_EDGE_SYNC_URL": "http://127.0.0.1:8080", "HAREL_EDGE_SYNC_INTERVAL": "-1"}, "HAREL_EDGE_SYNC_INTERVAL", "between 0.05 and 3600"),
+        ({"HAREL_EDGE_SYNC_URL": "http://127.0.0.1:8080", "HAREL_EDGE_SYNC_INTERVAL": "0"}, "HAREL_EDGE_SYNC_INTERVAL", "between 0.05 and 3600"),
+        ({"HAREL_EDGE_SYNC_URL": "http://127.0.0.1:8080", "HAREL_EDGE_SYNC_INTERVAL": "nan"}, "HAREL_EDGE_SYNC_INTERVAL", "cannot work"),
+        ({"HAREL_EDGE_SYNC_URL": "http://127.0.0.1:8080", "HAREL_EDGE_SYNC_INTERVAL": "often"}, "HAREL_EDGE_SYNC_INTERVAL", "valid number"),
+        ({"HAREL_EDGE_PREFIX": "1-bad"}, "HAREL_EDGE_PREFIX", "must be an identifier"),
+        ({"HAREL_EDGE_PREFIX": "x" * 31}, "HAREL_EDGE_PREFIX", "at most 30 characters"),
+        ({"HAREL_EDGE_VISIBILITY": "0"}, "HAREL_EDGE_VISIBILITY", "positive number of seconds"),
+        ({"HAREL_EDGE_VISIBILITY": "-5"}, "HAREL_EDGE_VISIBILITY", "positive number of seconds"),
+        ({"HAREL_EDGE_BUSY_TIMEOUT_MS": "-1"}, "HAREL_EDGE_BUSY_TIMEOUT_MS", "positive whole number"),
+        ({"HAREL_EDGE_DURABILITY": "off"}, "HAREL_EDGE_DURABILITY", "'full' or 'normal'"),
+        ({"HAREL_EDGE_RETRY_ATTEMPTS": "0"}, "HAREL_EDGE_RETRY_ATTEMPTS", "positive whole number"),
+        ({"HAREL_EDGE_RETRY_MAX_DELAY": "0"}, "HAREL_EDGE_RETRY_MAX_DELAY", "positive number of seconds"),
+        ({"HAREL_EDGE_WORKER_ID": "edge#1"}, "HAREL_EDGE_WORKER_ID", "without '#'"),
+    ],
+)
+def test_a_wrong_setting_fails_at_start_naming_the_variable(monkeypatch, env, variable, advice):
+    with pytest.raises(ConfigurationError) as caught:
+        load(monkeypatch, **env)
+    message = str(caught.value)
+    assert variable in message
+    assert advice in message
+
+
+def test_a_token_is_never_echoed_by_a_configuration_error(monkeypatch):
+    with pytest.raises(ConfigurationError) as caught:
+        load(monkeypatch, HAREL_EDGE_PROFILE="replica", HAREL_EDGE_AUTH_TOKEN="s3cr3t-t0ken")
+    assert "s3cr3t-t0ken" not in str(caught.value)
+
+
+def test_the_transport_is_built_from_the_settings_in_one_call(monkeypatch, tmp_path):
+    monkeypatch.setenv("HAREL_EDGE_DB_PATH", str(tmp_path / "q.db"))
+    monkeypatch.setenv("HAREL_EDGE_PREFIX", "edge")
+    t = LibsqlTransport.from_settings()
+    try:
+        assert t.settings.prefix == "edge"
+        assert (tmp_path / "q.db").exists()
+    finally:
+        t.close()
+
+
+def test_an_explicit_transport_ignores_a_contradicting_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("HAREL_EDGE_PROFILE", "sqld")
+    monkeypatch.setenv("HAREL_EDGE_URL", "http://127.0.0.1:1")
+    t = LibsqlTransport(str(tmp_path / "explicit.db"))
+    try:
+        assert t.settings.profile == "local"
+    finally:
+        t.close()
+    assert ExplicitSettings.load().profile == "local"
