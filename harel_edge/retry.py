@@ -32,6 +32,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from harel_edge import observability
 from harel_edge.settings import EdgeSettings
 
 log = structlog.get_logger("harel_edge.retry")
@@ -127,6 +128,7 @@ def needs_reopen(exc: BaseException) -> bool:
 def _log_attempt(operation: str) -> Callable[[RetryCallState], None]:
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
+        observability.record_retry(operation)
         log.warning(
             "retrying",
             operation=operation,

@@ -41,7 +41,7 @@ from harel.engine.schema import DEFAULT_PREFIX
 from harel.engine.transport import Lease
 from harel.spec.states import Event
 
-from harel_edge import retry, schema
+from harel_edge import observability, retry, schema
 from harel_edge.connection import EdgeConnection
 from harel_edge.errors import SchemaError, SchemaTooNewError
 from harel_edge.schema import DB_NOW, PARKED, EdgeNames
@@ -279,6 +279,7 @@ class LibsqlTransport:
         return None
 
     def _report_lost(self, lease: Lease, operation: str) -> bool:
+        observability.record_lost_lease(operation)
         log.warning("lost lease", operation=operation, group_id=lease.group_id, seq=lease.seq)
         return False
 

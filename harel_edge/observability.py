@@ -1,0 +1,157 @@
+"""Logs and metrics: what an operator watching a fleet of edge workers reads and scrapes.
+
+Logs are structlog, as harel's are, so one configuration covers both: `configure_logging`
+renders every line as JSON (one object per line, for a log shipper) or for a terminal, and
+routes the standard library's `logging` (which harel's worker uses) through the same
+renderer. A line is written for each retried operation (`retrying`, from `retry.py`), each
+failed replica sync (`sync failed`) and each lost lease or claim (`lost lease`, from
+`transport.py`; `workflow claim lost`, from the worker).
+
+Metrics are prometheus-client objects in the default registry, created once at import, so
+the modules that count need only import this one (it imports nothing of harel_edge: every
+layer may use it). `serve_metrics(port)` exposes them for scraping. Counting is cheap and
+always on; nothing is served unless a port is given.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Literal
+
+import structlog
+from prometheus_client import Counter, Gauge, start_http_server
+
+LogFormat = Literal["json", "console"]
+
+# ---- metrics -----------------------------------------------------------------------------
+
+CLAIMS = Counter("harel_edge_claims", "Messages leased by this process's transport.")
+ACKS = Counter("harel_edge_acks", "Messages acknowledged (removed) after being handled.")
+NACKS = Counter("harel_edge_nacks", "Messages given back (at once, or parked for a delay).")
+LOST_LEASES = Counter(
+    "harel_edge_lost_leases",
+    "Acks or nacks refused because the lease had lapsed and another worker held the message.",
+    ["operation"],
+)
+RETRIES = Counter(
+    "harel_edge_retries", "Attempts that failed with a transient error and were retried.", ["operation"]
+)
+SYNC_FAILURES = Counter("harel_edge_sync_failures", "Replica syncs with the primary that failed.")
+LAST_SYNC = Gauge(
+    "harel_edge_replica_last_sync_timestamp_seconds",
+    "Unix time of this replica's last successful sync with the primary (0: never).",
+)
+SYNC_LAG = Gauge(
+    "harel_edge_replica_sync_lag_seconds",
+    "Seconds since this replica last caught up with the primary: how stale its reads may be.",
+)
+QUEUE_DEPTH = Gauge(
+    "harel_edge_queue_depth",
+    "Messages in the queue, by priority and state (ready, in_flight, parked), as last sampled.",
+    ["priority", "state"],
+)
+WORKFLOW_STEPS = Counter(
+    "harel_edge_workflow_steps",
+    "Durable-workflow steps recorded by this process (step, transact or sleep deadline).",
+    ["namespace", "kind"],
+)
+WORKFLOW_PASSES = Counter(
+    "harel_edge_workflow_passes",
+    "Durable-workflow passes run by this process, by how they ended.",
+    ["namespace", "outcome"],
+)
+EVENTS_HANDLED = Counter(
+    "harel_edge_events_handled",
+    "Statechart events this process's worker handled (acked after processing, or dropped as "
+    "duplicates or for unknown executions).",
+)
+
+
+def record_retry(operation: str) -> None:
+    RETRIES.labels(operation).inc()
+
+
+def record_lost_lease(operation: str) -> None:
+    LOST_LEASES.labels(operation).inc()
+
+
+_last_sync: float | None = None
+
+
+def record_sync(ok: bool, at: float | None = None) -> None:
+    """Count a sync; on success, the replica is fresh as of `at` (default: now)."""
+    global _last_sync
+    if ok:
+        _last_sync = at if at is not None else time.time()
+        LAST_SYNC.set(_last_sync)
+        SYNC_LAG.set(0.0)
+    else:
+        SYNC_FAILURES.inc()
+
+
+def refresh_sync_lag(now: float | None = None) -> float | None:
+    """Recompute the lag gauge from the last successful sync; None if there was none."""
+    if _last_sync is None:
+        return None
+    lag = max(0.0, (now if now is not None else time.time()) - _last_sync)
+    SYNC_LAG.set(lag)
+    return lag
+
+
+def serve_metrics(port: int, addr: str = "127.0.0.1") -> None:
+    """Serve /metrics on `addr:port` from a daemon thread (prometheus-client's own server).
+
+    Loopback by default: a worker should not open a port to the network unless told to
+    (`HAREL_EDGE_METRICS_ADDR=0.0.0.0` in a container whose port is published on purpose).
+    """
+    start_http_server(port, addr=addr)
+
+
+# ---- logs --------------------------------------------------------------------------------
+
+
+def configure_logging(fmt: LogFormat = "console", level: str = "info", stream=None) -> None:
+    """Render structlog's lines and the standard library's (harel's worker) the same way.
+
+    `json` writes one JSON object per line, with an ISO timestamp and the level; `console`
+    writes a readable line for a terminal. Lines go to stderr by default, so a command's own
+    output on stdout (a table, `--json`) stays clean.
+    """
+    stream = stream if stream is not None else sys.stderr
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        numeric = logging.INFO
+    shared = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer = (
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        cache_logger_on_first_use=False,
+    )
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=shared,
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+    )
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(numeric)
