@@ -12,8 +12,9 @@ sqld's 5 s timeout and leave ambiguous commits behind):
 - a view, `<prefix>_transport_publish`, whose INSTEAD OF INSERT trigger writes the group row
   (first publish wins: INSERT OR IGNORE) and then the message, so a publish, or a batch of them
   as one multi-row INSERT, is a single statement;
-- a trigger that stamps the group's `last_claimed_at` with the database's clock when one of its
-  messages is leased, so the claim's single UPDATE also advances the round-robin;
+- a trigger that stamps the group's `last_claimed_at` with the lease's deadline when its head is
+  leased or parked, so the claim's single UPDATE also advances the round-robin, and groups in
+  flight sort behind free ones;
 - a trigger that drops a group row when its last message is deleted, so ack is one DELETE.
 
 The version lives in `PRAGMA user_version`, one number for the file. A file whose number is
@@ -38,8 +39,8 @@ SCHEMA_VERSION = 5
 PARKED = "__parked__"  # harel's sentinel `locked_by` for a message parked by nack(delay > 0)
 
 # The database's clock as epoch seconds with a fraction. Not `unixepoch('subsec')`: that needs
-# SQLite 3.42, and a trigger must also work when an older SQLite (Python's own sqlite3, which
-# harel's SqliteTransport uses) writes to a file harel_edge upgraded; there it returns NULL.
+# SQLite 3.42, and a default or trigger must also work when an older SQLite (Python's own
+# sqlite3, which harel's SqliteTransport uses) writes to the file; there it returns NULL.
 DB_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 
 
@@ -118,11 +119,13 @@ def transport_additions(prefix: str = DEFAULT_PREFIX) -> list[str]:
         f" VALUES (NEW.group_id, COALESCE(NEW.priority, 0), NEW.routing_key);"
         f" INSERT INTO {n.messages} (group_id, event) VALUES (NEW.group_id, NEW.event);"
         f" END",
-        # A lease (not a park, not a release) advances the group's round-robin position, by the
-        # database's clock: one clock for every worker, and only its order matters.
+        # A lease or a park stamps the group with its deadline. Round-robin order is unchanged
+        # (with one visibility, deadlines sort as claim times do), and a group in flight sorts
+        # AFTER every free group, so the claim's walk finds a free group first however many are
+        # in flight. The deadline is the claim's own clock (injected, or the database's).
         f"CREATE TRIGGER IF NOT EXISTS {n.claim_trigger} AFTER UPDATE OF locked_by ON {n.messages}"
-        f" WHEN NEW.locked_by IS NOT NULL AND NEW.locked_by <> '{PARKED}' BEGIN"
-        f" UPDATE {n.groups} SET last_claimed_at = {DB_NOW} WHERE group_id = NEW.group_id;"
+        f" WHEN NEW.locked_by IS NOT NULL BEGIN"
+        f" UPDATE {n.groups} SET last_claimed_at = NEW.lock_expiry WHERE group_id = NEW.group_id;"
         f" END",
         f"CREATE TRIGGER IF NOT EXISTS {n.drain_trigger} AFTER DELETE ON {n.messages} BEGIN"
         f" DELETE FROM {n.groups} WHERE group_id = OLD.group_id"

@@ -30,6 +30,7 @@ a publish is looked up by its event before it is sent again.
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -353,4 +354,6 @@ def _row(item: Message | tuple) -> tuple:
 
 def _lease(row: tuple, token: str) -> Lease:
     seq, group_id, event = row
-    return Lease(int(seq), group_id, Event.model_validate_json(event), token=token)
+    # json.loads, not model_validate_json: pydantic-core caches the strings it parses from JSON,
+    # and every event id is new, so a long-running worker's heap would grow with that cache.
+    return Lease(int(seq), group_id, Event.model_validate(json.loads(event)), token=token)
