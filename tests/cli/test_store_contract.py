@@ -1,0 +1,75 @@
+"""The execution store the worker uses, through harel's own store contracts, on every profile."""
+
+from __future__ import annotations
+
+import pytest
+from harel.engine.execution import Execution
+from harel.engine.store import StoreConflict
+from harel.spec.states import Event
+from harel.testing import assert_listing_contract, assert_outbox_contract, assert_purge_contract
+
+from harel_edge.store import EdgeStore
+
+
+@pytest.fixture
+def make_store(place):
+    made = []
+
+    def make(**overrides):
+        store = EdgeStore(place.settings(**overrides))
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        store.close()
+
+
+def test_harels_listing_contract_holds(make_store):
+    assert_listing_contract(make_store(), ordered=True, ns="l-")
+
+
+def test_harels_purge_contract_holds(make_store):
+    assert_purge_contract(make_store(), ns="p-")
+
+
+def test_harels_outbox_contract_holds(make_store):
+    assert_outbox_contract(make_store(), ns="o-")
+
+
+def test_an_execution_written_by_another_edge_is_seen_by_the_next_load(place):
+    writer = EdgeStore(place.settings())
+    reader = EdgeStore(writer.settings.model_copy(update={"db_path": str(place.tmp_path / "reader.db")})
+                       if place.profile == "replica" else writer.settings)
+    try:
+        assert reader.load("x") is None
+        writer.commit(Execution(id="x", definition_id="d"), [])
+        seen, processed = reader.load_for_event("x", "e1")
+        assert seen is not None and seen.version == 1 and processed is False
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_a_stale_copy_cannot_overwrite_a_newer_version(make_store):
+    store = make_store()
+    exe = Execution(id="x", definition_id="d")
+    store.commit(exe, [])
+    stale = store.load("x")
+    store.commit(store.load("x"), [])
+    with pytest.raises(StoreConflict):
+        store.commit(stale, [])
+    assert store.load("x").version == 2
+
+
+def test_a_failed_commit_leaves_nothing_behind(make_store):
+    store = make_store()
+    exe = Execution(id="x", definition_id="d")
+    store.commit(exe, [])
+    with pytest.raises(TypeError):  # the spawn's context cannot be serialized: it fails after
+        # the execution row and the outbox entry were written in the transaction
+        store.commit(store.load("x"), [("x", Event(kind="E"))], spawns=(("c", "", {"bad": object()}),))
+    assert store.load("x").version == 1
+    assert store.pending_outbox() == []
+    store.commit(store.load("x"), [])  # and the connection is usable afterwards
+    assert store.load("x").version == 2
