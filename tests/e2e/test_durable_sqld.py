@@ -1,0 +1,222 @@
+"""The durable stores on a real sqld: over HTTP (sqld profile) and through embedded replicas.
+
+Every behaviour of `tests/unit/durable/behaviours.py` runs here on both remote profiles, so
+the three profiles are held to the same list. Then what only a remote primary raises: the
+primary's clock deciding when a claim lapses, and the guarantees holding on the primary
+whatever a replica has seen (two replicas, each behind the other).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import socket
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from harel_edge.durable import FencedError, LibsqlCheckpointer, connect, migrate
+from harel_edge.durable.runtime import Context, DurableWorker, Finished, Sleeping, run_durably
+from harel_edge.errors import SchemaTooNewError
+from harel_edge.settings import EdgeSettings
+from harel_edge.testing import SqldServer, SqldStartError, SqldUnavailable, start_sqld_primary
+from harel_edge.testing.fixtures import sqld_unavailable
+
+pytestmark = pytest.mark.sqld
+
+
+def _load_behaviours():  # noqa: ANN202
+    """The behaviour module the local tests run, loaded by path (tests/ is not a package)."""
+    path = Path(__file__).resolve().parents[1] / "unit" / "durable" / "behaviours.py"
+    spec = importlib.util.spec_from_file_location("durable_behaviours", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+behaviours = _load_behaviours()
+
+
+def _port_in_our_range(low: int = 18210, high: int = 18299) -> int:
+    """A free loopback port in the range this project's tests may use."""
+    for port in range(low, high + 1):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port between {low} and {high}")
+
+
+def start_primary() -> SqldServer:
+    """A sqld primary with authentication on, on loopback ports in the project's range."""
+    http = _port_in_our_range()
+    grpc = _port_in_our_range(http + 1)
+    try:
+        return start_sqld_primary(http_port=http, grpc_port=grpc)
+    except (SqldUnavailable, SqldStartError, ImportError) as exc:
+        sqld_unavailable(str(exc))
+
+
+@pytest.fixture(scope="module")
+def primary() -> Iterator[SqldServer]:
+    server = start_primary()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(params=["sqld", "replica"])
+def remote(request, primary: SqldServer, tmp_path) -> EdgeSettings:  # noqa: ANN001
+    """Settings for one remote profile against the module's primary (read-write token)."""
+    if request.param == "sqld":
+        return EdgeSettings(profile="sqld", url=primary.http_url, auth_token=primary.rw_token)
+    return EdgeSettings(
+        profile="replica",
+        sync_url=primary.http_url,
+        auth_token=primary.rw_token,
+        db_path=str(tmp_path / "r.db"),
+    )
+
+
+def replica(primary: SqldServer, path: Path) -> EdgeSettings:
+    return EdgeSettings(
+        profile="replica", sync_url=primary.http_url, auth_token=primary.rw_token, db_path=str(path)
+    )
+
+
+@pytest.mark.parametrize("behaviour", behaviours.ALL, ids=[b.__name__ for b in behaviours.ALL])
+def test_on_a_remote_primary(behaviour, remote: EdgeSettings) -> None:  # noqa: ANN001
+    async def scenario() -> None:
+        stores = await behaviours.open_stores(remote)
+        try:
+            await behaviour(stores)
+        finally:
+            await stores.database.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_claim_lapses_by_the_primarys_clock_and_its_old_holder_is_fenced(remote: EdgeSettings) -> None:
+    async def scenario() -> None:
+        database = connect(remote)
+        await migrate(database)
+        checkpointer = LibsqlCheckpointer(database)  # no injected clock: the primary's
+        workflow = f"lapse-{remote.profile}-{id(database)}"
+        old = await checkpointer.claim(workflow, timedelta(minutes=5), timedelta(seconds=0.3))
+        assert old is not None
+        assert await checkpointer.claim(workflow, timedelta(minutes=5), timedelta(seconds=0.3)) is None
+        async with asyncio.timeout(30):  # a hang guard, not a timing assertion
+            while (
+                new := await checkpointer.claim(workflow, timedelta(minutes=5), timedelta(seconds=30))
+            ) is None:
+                await asyncio.sleep(0.05)
+        assert new.token == old.token + 1
+        with pytest.raises(FencedError):
+            await checkpointer.record(old, "late", 1)
+        await database.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_fencing_holds_on_the_primary_whatever_a_stale_replica_has_seen(
+    primary: SqldServer, tmp_path
+) -> None:  # noqa: ANN001
+    async def scenario() -> None:
+        one = await behaviours.open_stores(replica(primary, tmp_path / "one.db"))
+        two = await behaviours.open_stores(replica(primary, tmp_path / "two.db"))
+        two.checkpointer.now = one.clock  # one clock for both, moved by hand
+        workflow = one.workflow()
+        old = await one.checkpointer.claim(workflow, behaviours.BUDGET, behaviours.ALIVE)
+        one.clock.advance(seconds=31)
+        new = await two.checkpointer.claim(workflow, behaviours.BUDGET, behaviours.ALIVE)
+        assert new is not None and new.token == old.token + 1
+        # Replica one has not synced the takeover: its local file still shows the old claim...
+        local = await one.database.run(
+            lambda c: c.execute("SELECT token FROM workflow_claim WHERE workflow = ?", (workflow,))
+        )
+        assert local == [(old.token,)]
+        # ...but its writes are decided on the primary.
+        with pytest.raises(FencedError):
+            await one.checkpointer.record(old, "step", "old")
+        with pytest.raises(FencedError):
+            await one.checkpointer.transact(old, "effect", behaviours.insert_effect(workflow, "effect"))
+        assert (await two.checkpointer.record(new, "step", "new")).fresh
+        assert await one.effects(workflow) == []
+        for stores in (one, two):
+            await stores.database.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_step_recorded_through_one_replica_is_not_performed_again_through_another(
+    primary: SqldServer,
+    tmp_path,  # noqa: ANN001
+) -> None:
+    async def scenario() -> None:
+        one = await behaviours.open_stores(replica(primary, tmp_path / "one.db"))
+        two = await behaviours.open_stores(replica(primary, tmp_path / "two.db"))
+        two.checkpointer.now = one.clock
+        workflow = one.workflow()
+        first = await one.checkpointer.claim(workflow, behaviours.BUDGET, behaviours.ALIVE)
+        row = await one.checkpointer.transact(first, "charge", behaviours.insert_effect(workflow, "charge"))
+        await one.checkpointer.release(first)
+        second = await two.checkpointer.claim(workflow, behaviours.BUDGET, behaviours.ALIVE)
+        calls = []
+
+        def effect(tx):  # noqa: ANN001
+            calls.append(1)
+            return behaviours.insert_effect(workflow, "charge")(tx)
+
+        assert await two.checkpointer.transact(second, "charge", effect) == row
+        assert calls == [] and await two.effects(workflow) == [("charge",)]
+        for stores in (one, two):
+            await stores.database.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_workflow_sleeps_and_is_finished_by_a_worker_on_the_primarys_clock(remote: EdgeSettings) -> None:
+    async def scenario() -> None:
+        stores = await behaviours.open_stores(remote)
+        # The database's clock everywhere, as in production.
+        stores.checkpointer.now = None
+        stores.scheduler.now = None
+        workflow = stores.workflow()
+
+        async def flow(ctx: Context) -> str:
+            await ctx.step("before", lambda: "x")
+            await ctx.sleep_until(ctx.now() + timedelta(seconds=0.2))
+            return "after"
+
+        assert isinstance(await run_durably(stores.durable, workflow, flow), Sleeping)
+        worker = DurableWorker(stores.durable, flow)
+        assert await worker.run_once(timedelta(seconds=30)) == Finished("after")
+        await stores.database.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_remote_database_from_a_newer_harel_edge_is_refused() -> None:
+    server = start_primary()
+    try:
+        settings = EdgeSettings(profile="sqld", url=server.http_url, auth_token=server.rw_token)
+
+        async def scenario() -> None:
+            database = connect(settings)
+            await database.run(lambda c: c.execute("PRAGMA user_version = 99"))
+            with pytest.raises(SchemaTooNewError):
+                await migrate(database)
+            tables = await database.run(lambda c: c.execute("SELECT count(*) FROM sqlite_master"))
+            assert tables == [(0,)]
+            await database.aclose()
+
+        asyncio.run(scenario())
+    finally:
+        server.close()
