@@ -130,9 +130,7 @@ def configure_logging(fmt: LogFormat = "console", level: str = "info", stream=No
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     renderer = (
-        structlog.processors.JSONRenderer()
-        if fmt == "json"
-        else structlog.dev.ConsoleRenderer(colors=False)
+        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
     )
     structlog.configure(
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],

@@ -129,7 +129,9 @@ class EdgeStore(LibsqlStore):
         return self._read("store.list", lambda: LibsqlStore.list_executions(self, **filters))
 
     def is_processed(self, execution_id: str, event_id: str) -> bool:
-        return self._read("store.is_processed", lambda: LibsqlStore.is_processed(self, execution_id, event_id))
+        return self._read(
+            "store.is_processed", lambda: LibsqlStore.is_processed(self, execution_id, event_id)
+        )
 
     def pending_outbox(self) -> list:
         return self._read("store.outbox", lambda: LibsqlStore.pending_outbox(self))
@@ -251,8 +253,12 @@ class EdgeStore(LibsqlStore):
             raise
         observability.record_sync(True, self._edge.last_sync_at)
 
-    def _retry(self, operation: str, attempt: Callable[[], T], resolve: Callable[[], T | None] | None = None) -> T:
-        return retry.call_with_retry(self.settings, operation, attempt, recover=self._recover, resolve=resolve)
+    def _retry(
+        self, operation: str, attempt: Callable[[], T], resolve: Callable[[], T | None] | None = None
+    ) -> T:
+        return retry.call_with_retry(
+            self.settings, operation, attempt, recover=self._recover, resolve=resolve
+        )
 
     def _recover(self, exc: BaseException) -> None:
         self._conn.rollback()

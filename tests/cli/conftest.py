@@ -19,7 +19,11 @@ import pytest
 
 from harel_edge.settings import EdgeSettings, ExplicitSettings
 
-PROFILES = ["local", pytest.param("sqld", marks=pytest.mark.sqld), pytest.param("replica", marks=pytest.mark.sqld)]
+PROFILES = [
+    "local",
+    pytest.param("sqld", marks=pytest.mark.sqld),
+    pytest.param("replica", marks=pytest.mark.sqld),
+]
 _counter = itertools.count()
 COMMAND = str(Path(sys.executable).parent / "harel-edge")
 
@@ -68,7 +72,9 @@ def env_for(values: dict[str, Any] | None = None, **extra: str) -> dict[str, str
     return env
 
 
-def run(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 60, **kwargs: Any) -> subprocess.CompletedProcess:
+def run(
+    args: list[str], env: dict[str, str], cwd: Path, timeout: float = 60, **kwargs: Any
+) -> subprocess.CompletedProcess:
     """Run `harel-edge ARGS` and return what it printed and its exit code."""
     return subprocess.run(
         [COMMAND, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, **kwargs

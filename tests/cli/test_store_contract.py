@@ -39,8 +39,11 @@ def test_harels_outbox_contract_holds(make_store):
 
 def test_an_execution_written_by_another_edge_is_seen_by_the_next_load(place):
     writer = EdgeStore(place.settings())
-    reader = EdgeStore(writer.settings.model_copy(update={"db_path": str(place.tmp_path / "reader.db")})
-                       if place.profile == "replica" else writer.settings)
+    reader = EdgeStore(
+        writer.settings.model_copy(update={"db_path": str(place.tmp_path / "reader.db")})
+        if place.profile == "replica"
+        else writer.settings
+    )
     try:
         assert reader.load("x") is None
         writer.commit(Execution(id="x", definition_id="d"), [])

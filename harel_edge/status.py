@@ -1,0 +1,330 @@
+"""What `harel-edge status` and `harel-edge doctor` look at, as plain functions over one statement runner.
+
+Every query takes an `execute(sql, params) -> rows` callable, the shape `EdgeConnection.execute`
+has, so the same code reads a remote primary, an embedded replica's file or a local file.
+Inspection never writes. Local files are inspected through the standard library's sqlite3 in
+read-only mode (`open_read_only`), not through libsql: opening a file with harel_edge's
+connection applies the local profile's pragmas (WAL), which would change a file that is not
+ours or not yet upgraded, and status must not change anything.
+
+Times are the database's clock (`schema.DB_NOW`), the one leases are decided by.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from harel_edge import schema
+from harel_edge.errors import NotADatabaseError, SchemaError, SchemaTooNewError
+from harel_edge.schema import DB_NOW, PARKED, EdgeNames
+from harel_edge.settings import EdgeSettings
+
+Execute = Callable[..., list[tuple]]
+SQLITE_HEADER = b"SQLite format 3\x00"
+# Tables harel_edge or harel may own in a database harel_edge works on (besides `<prefix>_*`).
+OWN_TABLE_PREFIXES = ("workflow_", "sqlite_", "libsql_", "_litestream")
+
+
+# ---- the database file ---------------------------------------------------------------------
+
+
+@dataclass
+class DatabaseFacts:
+    """What a database holds, as far as deciding whether harel_edge may use it."""
+
+    exists: bool
+    user_version: int = 0
+    tables: list[str] = field(default_factory=list)
+
+    def ours(self, prefix: str) -> list[str]:
+        return [t for t in self.tables if t.startswith(f"{prefix}_") or t.startswith(OWN_TABLE_PREFIXES)]
+
+    def foreign(self, prefix: str) -> list[str]:
+        return [t for t in self.tables if t not in self.ours(prefix)]
+
+    def has_schema(self, prefix: str) -> bool:
+        return EdgeNames(prefix).messages in self.tables
+
+
+def database_facts(execute: Execute) -> DatabaseFacts:
+    version = int(execute("PRAGMA user_version")[0][0])
+    tables = [row[0] for row in execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+    return DatabaseFacts(True, version, tables)
+
+
+def check_usable(facts: DatabaseFacts, prefix: str, where: str, *, adopt: bool = False) -> None:
+    """Refuse a database harel_edge must not touch: written by a newer version, or another
+    application's (its tables and none of ours) unless `adopt` says to share it on purpose."""
+    if facts.user_version > schema.SCHEMA_VERSION:
+        raise SchemaTooNewError(
+            f"{where} has schema version {facts.user_version}, newer than {schema.SCHEMA_VERSION} which "
+            "this harel_edge understands: upgrade harel_edge here (never downgrade a database); nothing was changed"
+        )
+    foreign = facts.foreign(prefix)
+    if foreign and not facts.ours(prefix) and not adopt:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise NotADatabaseError(
+            f"{where} holds another application's tables ({shown}) and no harel_edge tables: point "
+            "HAREL_EDGE_DB_PATH / HAREL_EDGE_URL at a harel_edge database or an empty one, or run "
+            "`harel-edge migrate --adopt` to add harel_edge's tables beside them on purpose; nothing was changed"
+        )
+
+
+def inspect_file(path: str) -> DatabaseFacts:
+    """Look at a local database file without changing it (not even its journal mode).
+
+    A missing or empty file is simply new. A file that is not SQLite, or whose first page does
+    not read, raises `NotADatabaseError`.
+    """
+    p = Path(path).expanduser()
+    if path == ":memory:" or not p.exists():
+        return DatabaseFacts(False)
+    if p.is_dir():
+        raise NotADatabaseError(f"{p} is a directory: set HAREL_EDGE_DB_PATH to a file inside it")
+    with p.open("rb") as f:
+        header = f.read(len(SQLITE_HEADER))
+    if not header:
+        return DatabaseFacts(False)
+    if header != SQLITE_HEADER:
+        raise NotADatabaseError(
+            f"{p} is not a SQLite/libSQL database (it does not start with SQLite's header): point "
+            "HAREL_EDGE_DB_PATH at a harel_edge database or a new file; the file was left untouched"
+        )
+    try:
+        connection = open_read_only(str(p))
+        try:
+            return database_facts(lambda sql, params=(): connection.execute(sql, params).fetchall())
+        finally:
+            connection.close()
+    except sqlite3.DatabaseError as exc:
+        raise NotADatabaseError(
+            f"{p} is damaged: SQLite cannot read it ({exc}). Restore it from a backup, or for a replica "
+            "move the file (and its -wal, -shm, -client_wal_index files) aside and let it re-sync; "
+            "the file was left untouched"
+        ) from None
+
+
+def open_read_only(path: str) -> sqlite3.Connection:
+    """The standard library's sqlite3 on `path`, read-only: it can change nothing in the file."""
+    uri = Path(path).expanduser().resolve().as_uri() + "?mode=ro"
+    return sqlite3.connect(uri, uri=True, timeout=5.0)
+
+
+def quick_check(path: str) -> str:
+    """SQLite's `PRAGMA quick_check` on a local file, read-only: 'ok' or the first problems."""
+    connection = open_read_only(path)
+    try:
+        rows = connection.execute("PRAGMA quick_check(5)").fetchall()
+    finally:
+        connection.close()
+    return "; ".join(str(r[0]) for r in rows)
+
+
+def last_sync_of_replica_file(path: str) -> float | None:
+    """When this machine's embedded replica file last synced with its primary, as unix time.
+
+    libsql 0.1.8 rewrites `<file>-client_wal_index` on every successful sync (measured: its
+    mtime moves even when the sync brought nothing new), whichever process synced it, so its
+    modification time is the last sync of any worker using that file. None: never synced here.
+    """
+    index = Path(f"{Path(path).expanduser()}-client_wal_index")
+    try:
+        return index.stat().st_mtime
+    except OSError:
+        return None
+
+
+# ---- the queue ---------------------------------------------------------------------------------
+
+
+def _created_epoch(column: str) -> str:
+    """A message's `created_time` (stamped by `harel-edge publish` and the demo; harel's own
+    publishes leave it null) as epoch seconds, in SQL every SQLite version understands."""
+    return f"((julianday(json_extract({column}, '$.created_time')) - 2440587.5) * 86400.0)"
+
+
+def queue_status(execute: Execute, prefix: str, top: int = 10) -> dict[str, Any]:
+    """Depth by priority and routing key, the deepest groups, in flight, parked, the oldest message."""
+    n = EdgeNames(prefix)
+    state = (
+        f"CASE WHEN m.locked_by IS NULL OR m.lock_expiry < t.now THEN 'queued'"
+        f" WHEN m.locked_by = '{PARKED}' THEN 'parked' ELSE 'in_flight' END"
+    )
+    now_table = f"(SELECT {DB_NOW} AS now) AS t"
+    rows = execute(
+        f"SELECT g.priority, g.routing_key, count(DISTINCT g.group_id), count(*),"
+        f" sum(s = 'queued'), sum(s = 'in_flight'), sum(s = 'parked')"
+        f" FROM (SELECT m.group_id, {state} AS s FROM {n.messages} m, {now_table}) AS x"
+        f" JOIN {n.groups} g ON g.group_id = x.group_id"
+        f" GROUP BY g.priority, g.routing_key ORDER BY g.priority DESC, g.routing_key"
+    )
+    by_key = [
+        {
+            "priority": int(p),
+            "routing_key": rk,
+            "groups": int(groups),
+            "messages": int(msgs),
+            "queued": int(q or 0),
+            "in_flight": int(f or 0),
+            "parked": int(pk or 0),
+        }
+        for p, rk, groups, msgs, q, f, pk in rows
+    ]
+    groups = execute(
+        f"SELECT g.group_id, g.priority, g.routing_key, count(*),"
+        f" (SELECT {state} FROM {n.messages} m, {now_table} WHERE m.group_id = g.group_id ORDER BY m.seq LIMIT 1)"
+        f" FROM {n.groups} g JOIN {n.messages} mm ON mm.group_id = g.group_id"
+        f" GROUP BY g.group_id ORDER BY count(*) DESC, g.group_id LIMIT ?",
+        (top,),
+    )
+    deepest = [
+        {"group_id": g, "priority": int(p), "routing_key": rk, "messages": int(c), "head": head}
+        for g, p, rk, c, head in groups
+    ]
+    ((now, oldest_seq, oldest_group, stamped),) = execute(
+        f"SELECT t.now, m.seq, m.group_id, (SELECT min({_created_epoch('event')}) FROM {n.messages})"
+        f" FROM {now_table} LEFT JOIN {n.messages} m ON m.seq = (SELECT min(seq) FROM {n.messages})"
+    )
+    totals = {
+        k: sum(row[k] for row in by_key) for k in ("messages", "queued", "in_flight", "parked", "groups")
+    }
+    return {
+        "database_now": now,
+        "totals": totals,
+        "by_priority_and_routing_key": by_key,
+        "deepest_groups": deepest,
+        "oldest": {
+            "seq": oldest_seq,
+            "group_id": oldest_group,
+            # from created_time, where the publisher stamped it; None when none did
+            "age_seconds": None if stamped is None else max(0.0, now - stamped),
+        },
+    }
+
+
+def workflow_status(execute: Execute) -> dict[str, Any]:
+    """Durable workflows: ready, sleeping and claimed per namespace, finished overall."""
+    now_table = f"(SELECT {DB_NOW} AS now) AS t"
+    live = "c.held_until > t.now AND c.alive_until > t.now"
+    rows = execute(
+        f"SELECT q.namespace,"
+        f" sum(q.visible_at <= t.now),"
+        f" sum(q.visible_at > t.now AND NOT EXISTS (SELECT 1 FROM workflow_claim c WHERE c.workflow = q.workflow AND {live})),"
+        f" sum(EXISTS (SELECT 1 FROM workflow_claim c WHERE c.workflow = q.workflow AND {live})),"
+        f" min(CASE WHEN q.visible_at > t.now THEN q.visible_at - t.now END)"
+        f" FROM workflow_queue q, {now_table} GROUP BY q.namespace ORDER BY q.namespace"
+    )
+    namespaces = [
+        {
+            "namespace": ns,
+            "ready": int(ready or 0),
+            "sleeping": int(sleeping or 0),
+            "claimed": int(claimed or 0),
+            "next_wake_in_seconds": wake,
+        }
+        for ns, ready, sleeping, claimed, wake in rows
+    ]
+    ((claimed_total, finished),) = execute(
+        f"SELECT (SELECT count(*) FROM workflow_claim c, {now_table} WHERE {live}),"
+        " (SELECT count(*) FROM workflow_checkpoint WHERE step = '$result')"
+    )
+    return {"namespaces": namespaces, "claimed": int(claimed_total), "finished": int(finished)}
+
+
+# ---- doctor's checks ---------------------------------------------------------------------------
+
+Level = Literal["ok", "warn", "fail", "skip"]
+
+
+@dataclass
+class Check:
+    """One of doctor's findings: what was checked, what was found, and what to do about it."""
+
+    name: str
+    level: Level
+    detail: str
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+# Beyond these a skew is worth a warning / a failure. Leases are decided by the primary's clock,
+# but harel's worker fires statechart timers and a workflow measures its sleeps by this one.
+SKEW_WARN = 0.5
+SKEW_FAIL = 5.0
+
+
+def clock_skew(execute: Execute) -> tuple[float, float]:
+    """(primary's clock minus this machine's, the round trip), both in seconds.
+
+    This machine's time is taken as the midpoint of the round trip, so the error of the
+    estimate is at most half the round trip.
+    """
+    before = time.time()
+    ((primary,),) = execute(f"SELECT {DB_NOW}")
+    after = time.time()
+    return float(primary) - (before + after) / 2, after - before
+
+
+def skew_check(skew: float, rtt: float) -> Check:
+    detail = f"the primary's clock is {skew:+.3f} s from this machine's (round trip {rtt * 1000:.1f} ms)"
+    fix = (
+        "synchronize this machine's clock (chrony, systemd-timesyncd or ntpd) with the primary's time source"
+    )
+    if abs(skew) > SKEW_FAIL:
+        return Check("clock skew", "fail", detail, fix)
+    if abs(skew) > SKEW_WARN:
+        return Check("clock skew", "warn", detail, fix)
+    return Check("clock skew", "ok", detail)
+
+
+def schema_check(facts: DatabaseFacts, prefix: str) -> Check:
+    found, wanted = facts.user_version, schema.SCHEMA_VERSION
+    if found > wanted:
+        return Check(
+            "schema version",
+            "fail",
+            f"version {found}, newer than this harel_edge's {wanted}",
+            "upgrade harel_edge on this machine; never point an older version at a newer database",
+        )
+    if not facts.has_schema(prefix):
+        return Check(
+            "schema version",
+            "warn",
+            f"no harel_edge tables with prefix {prefix!r} yet",
+            "run `harel-edge migrate` (or start a worker, which migrates at start)",
+        )
+    if found < wanted:
+        return Check(
+            "schema version",
+            "warn",
+            f"version {found}, this harel_edge uses {wanted}",
+            "run `harel-edge migrate` (idempotent, safe while workers run)",
+        )
+    return Check("schema version", "ok", f"version {found}")
+
+
+def settings_summary(settings: EdgeSettings) -> str:
+    where = settings.server or settings.db_path
+    return f"profile {settings.profile} at {where}"
+
+
+def file_age(path: str) -> float | None:
+    try:
+        return time.time() - os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+def raise_missing(path: str) -> None:
+    raise SchemaError(
+        f"no database at {path}: start a worker or run `harel-edge migrate` to create it "
+        "(or set HAREL_EDGE_DB_PATH to the file the workers use)"
+    )
