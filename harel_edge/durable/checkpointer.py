@@ -41,7 +41,6 @@ from harel_edge.durable.types import (
     from_seconds,
     to_seconds,
 )
-from harel_edge.errors import AmbiguousCommitError
 
 # Every statement gets the current time as one parameter: a number from an injected clock, or
 # NULL for the database's own. `t.now` is then one value for the whole statement.
@@ -187,7 +186,7 @@ class LibsqlCheckpointer:
             connection.sync()
             return connection.execute(_LOAD, (workflow,))
 
-        rows = await self.database.run(work)
+        rows = await self.database.call("durable.load", work)
         return {step: self.codec.decode(value) for step, value in rows}
 
     async def history(self, workflow: str) -> dict[str, Written]:
@@ -197,7 +196,7 @@ class LibsqlCheckpointer:
             connection.sync()
             return connection.execute(_HISTORY, (workflow,))
 
-        rows = await self.database.run(work)
+        rows = await self.database.call("durable.history", work)
         return {
             step: Written(self.codec.decode(value), from_seconds(written_at))
             for step, value, written_at in rows
@@ -212,7 +211,9 @@ class LibsqlCheckpointer:
         life (`renew`, `record`, `transact`). It can be taken over once it is not alive.
         """
         budget_s, alive_s = _positive(budget, "budget"), _positive(alive, "alive")
-        rows = await self.database.run(lambda c: c.execute(_CLAIM, (workflow, budget_s, alive_s, self._at())))
+        rows = await self.database.call(
+            "durable.claim", lambda c: c.execute(_CLAIM, (workflow, budget_s, alive_s, self._at()))
+        )
         if not rows:
             return None
         token, held_until = rows[0]
@@ -221,8 +222,9 @@ class LibsqlCheckpointer:
     async def extend(self, holder: Pass, budget: timedelta, alive: timedelta) -> bool:
         """Give the claim a new budget from now; False if it is no longer this pass's."""
         budget_s, alive_s = _positive(budget, "budget"), _positive(alive, "alive")
-        rows = await self.database.run(
-            lambda c: c.execute(_EXTEND, (holder.workflow, holder.token, budget_s, alive_s, self._at()))
+        rows = await self.database.call(
+            "durable.extend",
+            lambda c: c.execute(_EXTEND, (holder.workflow, holder.token, budget_s, alive_s, self._at())),
         )
         return bool(rows)
 
@@ -233,14 +235,16 @@ class LibsqlCheckpointer:
         budget. A renewal never revives a released claim and never lengthens the budget.
         """
         alive_s = _positive(alive, "alive")
-        rows = await self.database.run(
-            lambda c: c.execute(_RENEW, (holder.workflow, holder.token, alive_s, self._at()))
+        rows = await self.database.call(
+            "durable.renew", lambda c: c.execute(_RENEW, (holder.workflow, holder.token, alive_s, self._at()))
         )
         return bool(rows) and rows[0][0] is not None
 
     async def release(self, holder: Pass) -> None:
         """Give the workflow up now, so the next pass need not wait for the claim to lapse."""
-        await self.database.run(lambda c: c.execute(_RELEASE, (holder.workflow, holder.token, self._at())))
+        await self.database.call(
+            "durable.release", lambda c: c.execute(_RELEASE, (holder.workflow, holder.token, self._at()))
+        )
 
     # ---- writing -----------------------------------------------------------------------------
 
@@ -251,8 +255,9 @@ class LibsqlCheckpointer:
         second one leaves the row alone and returns the stored value with `fresh=False`.
         """
         text = self.codec.encode(value)
-        rows = await self.database.run(
-            lambda c: c.execute(_RECORD, (holder.workflow, key, text, holder.token, self._at()))
+        rows = await self.database.call(
+            "durable.record",
+            lambda c: c.execute(_RECORD, (holder.workflow, key, text, holder.token, self._at())),
         )
         held, existed, stored, written_at = rows[0]
         if not held:
@@ -267,12 +272,14 @@ class LibsqlCheckpointer:
         so a replay performs nothing), the effect, and the record with a sign of life. An
         exception anywhere rolls the effect back with its record.
 
-        On sqld and replica the outcome of COMMIT can be unknown (the primary may have applied
-        it and the reply been lost). The step's row answers that: after a failure the row is
-        looked up on the primary; if it is there the transaction committed and its value is
-        returned, if not nothing happened and the error is raised, so the step can be retried.
-        If the lookup fails too, `AmbiguousCommitError` says so; retrying is still safe,
-        because the retry's existence check runs inside its own transaction.
+        On sqld and replica the outcome can be unknown (the primary applied the COMMIT and the
+        reply was lost). The step's row answers that, because it commits with the effect or not
+        at all: after a transient failure the connection is repaired (a replica synced) and the
+        row looked up on the primary; found, the transaction committed and its value is
+        returned; absent, nothing happened and the attempt runs again, under the retry policy
+        of `harel_edge.retry`. If the policy gives up, the error is raised and the step may or
+        may not have committed; whatever retries it later finds out the same way, since its
+        existence check runs inside its own transaction.
 
         The effect holds the connection, and on a remote primary the write lock, until it
         returns: nothing else of this process reaches the store meanwhile, the pass's own
@@ -281,33 +288,34 @@ class LibsqlCheckpointer:
         effects short anyway (sqld aborts a transaction after 5 s when another writer waits).
         """
 
-        def work(connection: EdgeConnection) -> str:
-            committing = False
+        def attempt(connection: EdgeConnection) -> str:
             connection.execute("BEGIN IMMEDIATE")
             try:
                 rows = connection.execute(_TRANSACT_FENCE, (holder.workflow, holder.token, key, self._at()))
                 if not rows:
                     raise FencedError(_fenced(holder))
-                if rows[0][0] is not None:
+                if rows[0][0] is not None:  # a replay: recorded already, perform nothing
                     connection.execute("ROLLBACK")
                     return rows[0][0]
                 result = effect(Transaction(connection))
                 text = self.codec.encode(result)
-                held, existed, stored, _ = connection.execute(
+                held, _, stored, _ = connection.execute(
                     _RECORD, (holder.workflow, key, text, holder.token, self._at())
                 )[0]
                 if not held:  # the budget ran out while the effect ran
                     raise FencedError(_fenced(holder))
-                committing = True
                 connection.execute("COMMIT")
                 return stored
-            except BaseException as exc:
+            except BaseException:
                 _roll_back(connection)
-                if not committing or isinstance(exc, FencedError):
-                    raise
-                return _settle(connection, holder.workflow, key, exc)
+                raise
 
-        return self.codec.decode(await self.database.run(work))
+        def committed(connection: EdgeConnection) -> str | None:
+            """After an attempt failed somewhere unknown: is the step's row on the primary?"""
+            rows = connection.execute(_LOOKUP, (holder.workflow, key))
+            return rows[0][0] if rows else None
+
+        return self.codec.decode(await self.database.call("durable.transact", attempt, resolve=committed))
 
     async def supply(self, workflow: str, key: str, value: object) -> object:
         """File a value under `key` from outside the workflow (no claim needed).
@@ -316,7 +324,9 @@ class LibsqlCheckpointer:
         retried webhook, say) is harmless.
         """
         text = self.codec.encode(value)
-        rows = await self.database.run(lambda c: c.execute(ARRIVE, (workflow, key, text, None, self._at())))
+        rows = await self.database.call(
+            "durable.supply", lambda c: c.execute(ARRIVE, (workflow, key, text, None, self._at()))
+        )
         return self.codec.decode(rows[0][0])
 
     async def append(self, workflow: str, value: object, key: str | None = None) -> Entry:
@@ -338,7 +348,9 @@ class LibsqlCheckpointer:
         happened. Returns how many records there were. A released claim row carrying the
         raised number stays behind; nothing sweeps it.
         """
-        rows = await self.database.run(lambda c: c.execute(DISCARD, (workflow, None, self._at())))
+        rows = await self.database.call(
+            "durable.discard", lambda c: c.execute(DISCARD, (workflow, None, self._at()))
+        )
         return int(rows[0][0])
 
 
@@ -357,27 +369,10 @@ def _fenced(holder: Pass) -> str:
 
 
 def _roll_back(connection: EdgeConnection) -> None:
-    """Best effort: a connection the failure left unusable is replaced instead."""
+    """Best effort, so a failed transaction is not left open; the retry policy's recovery
+    replaces a connection that cannot even roll back."""
     try:
         if connection.raw is not None and connection.raw.in_transaction:
             connection.execute("ROLLBACK")
     except Exception:  # noqa: BLE001 - the rollback's own failure tells nothing new
-        try:
-            connection.reopen()
-        except Exception:  # noqa: BLE001 - the settle step reports the primary being away
-            pass
-
-
-def _settle(connection: EdgeConnection, workflow: str, key: str, error: BaseException) -> str:
-    """After a failed COMMIT: did it commit? The step's row, read from the primary, says."""
-    try:
-        connection.sync()
-        rows = connection.execute(_LOOKUP, (workflow, key))
-    except Exception as lookup_error:
-        raise AmbiguousCommitError(
-            f"workflow {workflow!r} step {key!r}: the commit failed ({error}) and its outcome could not "
-            f"be looked up ({lookup_error}); retrying the step is safe, it performs nothing if it committed"
-        ) from error
-    if rows:
-        return rows[0][0]
-    raise error
+        pass

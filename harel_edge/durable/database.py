@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from harel_edge import schema
+from harel_edge import retry, schema
 from harel_edge.connection import EdgeConnection
 from harel_edge.connection import connect as open_connection
 from harel_edge.durable.types import DatabaseClosedError
@@ -105,6 +105,48 @@ class Database:
     def _let_go(self, _task: asyncio.Future[Any]) -> None:
         self.guard.release()
 
+    async def call(
+        self,
+        operation: str,
+        work: Callable[[EdgeConnection], T],
+        *,
+        resolve: Callable[[EdgeConnection], T | None] | None = None,
+    ) -> T:
+        """`run(work)` under the retry policy of `harel_edge.retry`, inside the one thread call.
+
+        A transient failure (the link to the primary, sqld's expiries, a busy file) is retried
+        after repairing the connection: a dead remote stream is reopened, a transaction left
+        open is rolled back, a replica is synced. When an attempt may have reached the primary
+        before failing, `resolve` is asked first whether it took effect (its result then is
+        the operation's). The guard stays held across the attempts: nothing else could use
+        the connection meanwhile anyway.
+        """
+
+        def attempts(connection: EdgeConnection) -> T:
+            return retry.call_with_retry(
+                connection.settings,
+                operation,
+                lambda: work(connection),
+                recover=lambda error: _recover(connection, error),
+                resolve=None if resolve is None else lambda: resolve(connection),
+            )
+
+        return await self.run(attempts)
+
+
+def _recover(connection: EdgeConnection, error: BaseException) -> None:
+    """Make the connection usable again after `error`, before anything else is sent."""
+    if connection.raw is None or retry.needs_reopen(error):
+        connection.reopen()
+        return
+    if connection.raw.in_transaction:
+        try:
+            connection.execute("ROLLBACK")
+        except Exception:  # noqa: BLE001 - a stream that cannot roll back is replaced
+            connection.reopen()
+            return
+    connection.sync()
+
 
 def connect(settings: EdgeSettings | None = None, **overrides: Any) -> Database:
     """Open the Database the durable stores run on, for the profile the settings name.
@@ -133,4 +175,4 @@ async def migrate(database: Database) -> int:
     written by a newer harel_edge is refused with `SchemaTooNewError` before anything changes.
     """
     prefix = database.connection.settings.prefix
-    return await database.run(lambda connection: schema.migrate(connection.execute, prefix))
+    return await database.call("durable.migrate", lambda connection: schema.migrate(connection.execute, prefix))

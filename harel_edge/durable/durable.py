@@ -53,8 +53,11 @@ class LibsqlDurable:
         harmless (it only asks for one more pass).
         """
         text = self.checkpointer.codec.encode(value)
-        rows = await self.database.run(
-            lambda c: c.execute(ARRIVE, (workflow, key, text, self.scheduler.namespace, self.scheduler._at()))
+        rows = await self.database.call(
+            "durable.arrive",
+            lambda c: c.execute(
+                ARRIVE, (workflow, key, text, self.scheduler.namespace, self.scheduler._at())
+            ),
         )
         self.scheduler.notify()
         return self.checkpointer.codec.decode(rows[0][0])
@@ -76,7 +79,8 @@ class LibsqlDurable:
         start from nothing), nor one in which the fence is raised for a deletion that did not
         happen. Returns how many records there were.
         """
-        rows = await self.database.run(
-            lambda c: c.execute(DISCARD, (workflow, self.scheduler.namespace, self.checkpointer._at()))
+        rows = await self.database.call(
+            "durable.delete",
+            lambda c: c.execute(DISCARD, (workflow, self.scheduler.namespace, self.checkpointer._at())),
         )
         return int(rows[0][0])

@@ -115,13 +115,17 @@ class LibsqlScheduler:
         worker, so that worker's `done` leaves the row and another pass follows.
         """
         at = self._at() if when is None else to_seconds(when)
-        await self.database.run(lambda c: c.execute(_MAKE_READY, (self.namespace, workflow, at)))
+        await self.database.call(
+            "durable.make_ready", lambda c: c.execute(_MAKE_READY, (self.namespace, workflow, at))
+        )
         self.notify()
 
     async def schedule(self, workflow: str, visible_at: datetime) -> None:
         """Make the workflow visible at `visible_at`, whatever its row said before."""
         at = to_seconds(visible_at)
-        await self.database.run(lambda c: c.execute(_SCHEDULE, (self.namespace, workflow, at)))
+        await self.database.call(
+            "durable.schedule", lambda c: c.execute(_SCHEDULE, (self.namespace, workflow, at))
+        )
         self.notify()
 
     async def wake_at(self, delivery: Delivery, when: datetime) -> None:
@@ -132,8 +136,9 @@ class LibsqlScheduler:
         again (the deadline lives in the workflow's records), so nothing is lost by skipping.
         """
         at = to_seconds(when)
-        await self.database.run(
-            lambda c: c.execute(_WAKE_AT, (self.namespace, delivery.workflow, delivery.receipt, at))
+        await self.database.call(
+            "durable.wake_at",
+            lambda c: c.execute(_WAKE_AT, (self.namespace, delivery.workflow, delivery.receipt, at)),
         )
 
     async def wake_due(self, now: datetime) -> tuple[str, ...]:
@@ -154,7 +159,7 @@ class LibsqlScheduler:
         deadline = time.monotonic() + within.total_seconds()
         while True:
             self._ready.clear()  # before looking, so a signal during the look is not lost
-            delivery, until_next = await self.database.run(self._take)
+            delivery, until_next = await self.database.call("durable.next_ready", self._take)
             if delivery is not None:
                 return delivery
             remaining = deadline - time.monotonic()
@@ -184,10 +189,11 @@ class LibsqlScheduler:
         wakeup during the pass) nothing changes and the delivery passed in is returned.
         """
         seconds = within.total_seconds()
-        rows = await self.database.run(
+        rows = await self.database.call(
+            "durable.extend_delivery",
             lambda c: c.execute(
                 _EXTEND, (self.namespace, delivery.workflow, delivery.receipt, seconds, self._at())
-            )
+            ),
         )
         return Delivery(delivery.workflow, rows[0][0]) if rows else delivery
 
@@ -197,10 +203,10 @@ class LibsqlScheduler:
         A pass still running then finds nothing to update: its `wake_at` and `done` carry a
         receipt no row has, so a cancelled workflow is not put back to sleep.
         """
-        await self.database.run(lambda c: c.execute(_CANCEL, (self.namespace, workflow)))
+        await self.database.call("durable.cancel", lambda c: c.execute(_CANCEL, (self.namespace, workflow)))
 
     async def done(self, delivery: Delivery) -> None:
         """Drop the workflow, unless something asked for another pass while this one ran."""
-        await self.database.run(
-            lambda c: c.execute(_DONE, (self.namespace, delivery.workflow, delivery.receipt))
+        await self.database.call(
+            "durable.done", lambda c: c.execute(_DONE, (self.namespace, delivery.workflow, delivery.receipt))
         )
