@@ -1,0 +1,315 @@
+"""Edge worker processes for the end-to-end tests, and a small worker for the compose files.
+
+Why a module of its own: worker processes are started with the 'spawn' method (a libsql
+connection must not cross a fork), so what they run has to be importable by name in a fresh
+interpreter; the same loop also runs as a plain host process (`python tests/e2e/_workers.py`)
+next to the composed sqld, configured by HAREL_EDGE_* variables only, until
+`harel_edge.worker` exists.
+
+The loop is the simplest honest worker: claim, process, ack, through
+`harel_edge.LibsqlTransport` on whatever profile the settings describe.
+
+What it writes down, and where. Around the processing of every message the worker inserts a
+'start' row (after the claim returned) and an 'end' row (before the ack is sent) into
+`e2e_log` ON THE PRIMARY, through a remote connection of its own:
+
+- one clock and one order for every worker: the row's `id` is the primary's commit order and
+  `at` the primary's clock, so per-group FIFO and "never two of a group in flight" are read off
+  a single sequence, with no merge of per-process files and no trust in the workers' clocks;
+- the observer does not share the path under test: on the replica profile the transport's
+  writes go through the embedded replica's write delegation, the log's do not, so a fault in
+  that path cannot also corrupt the evidence about it;
+- each row checks the lease in the same statement: `claimed_at` is the lease's start by the
+  primary's clock (its `lock_expiry` minus the visibility) and `held` says whether the primary
+  still had the message leased to this claim's token when the row was written.
+
+The [start, end] window is inside the true claim-to-ack interval, so windows of one group
+that overlap prove a violation, and windows that never overlap are what the workers' handlers
+actually saw.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the checkout importable without install
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from harel.engine.schema import Names  # noqa: E402
+from harel.engine.transport import Lease  # noqa: E402
+
+from harel_edge.connection import EdgeConnection  # noqa: E402
+from harel_edge.settings import EdgeSettings, ExplicitSettings  # noqa: E402
+from harel_edge.transport import LibsqlTransport  # noqa: E402
+
+LOG_TABLE = "e2e_log"
+# A worker with nothing to claim looks again after this long: an idle poll, not a wait for
+# readiness. Short in the tests, which measure how fast the queue drains; longer for the
+# long-running host worker, whose every empty claim is a write sent to the primary.
+IDLE_POLL = 0.01
+HOST_IDLE_POLL = 0.2
+
+
+def log_schema() -> list[str]:
+    """The log table, created on the primary by whoever comes first (idempotent)."""
+    return [
+        f"CREATE TABLE IF NOT EXISTS {LOG_TABLE} ("
+        " id INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " worker TEXT NOT NULL,"
+        " kind TEXT NOT NULL,"  # 'start' | 'end' | 'lost'
+        " seq INTEGER NOT NULL,"
+        " group_id TEXT NOT NULL,"
+        " message TEXT NOT NULL,"  # the published event's id
+        " token TEXT,"
+        " claimed_at REAL,"
+        " held INTEGER,"
+        " at REAL NOT NULL DEFAULT (unixepoch('subsec')))"
+    ]
+
+
+def log_settings(settings: EdgeSettings) -> EdgeSettings:
+    """A remote (sqld profile) connection to the primary the worker's settings point at."""
+    return ExplicitSettings.load(
+        profile="sqld",
+        url=settings.server,
+        auth_token=settings.auth_token,
+        prefix=settings.prefix,
+        retry_deadline=settings.retry_deadline,
+    )
+
+
+class PrimaryLog:
+    """The worker's notes on the primary; see the module docstring for why there."""
+
+    def __init__(self, settings: EdgeSettings, worker: str, visibility: float) -> None:
+        self.worker = worker
+        self.visibility = visibility
+        self._messages = Names(settings.prefix).messages
+        self._groups = Names(settings.prefix).groups
+        self._conn = EdgeConnection(log_settings(settings))
+        for statement in log_schema():
+            self._conn.execute(statement)
+
+    def record(self, kind: str, lease: Lease) -> None:
+        self._conn.execute(
+            f"INSERT INTO {LOG_TABLE} (worker, kind, seq, group_id, message, token, claimed_at, held)"
+            f" VALUES (?, ?, ?, ?, ?, ?,"
+            f" (SELECT lock_expiry - ? FROM {self._messages} WHERE seq = ? AND locked_by = ?),"
+            f" EXISTS (SELECT 1 FROM {self._messages} WHERE seq = ? AND locked_by = ?))",
+            (
+                self.worker, kind, lease.seq, lease.group_id, lease.event.id, lease.token,
+                self.visibility, lease.seq, lease.token,
+                lease.seq, lease.token,
+            ),
+        )  # fmt: skip
+
+    def remaining(self, routing_keys: Sequence[str], min_priority: int) -> int:
+        """Messages on the primary this worker could ever claim, in flight ones included."""
+        routing = f" AND g.routing_key IN ({', '.join('?' * len(routing_keys))})" if routing_keys else ""
+        rows = self._conn.execute(
+            f"SELECT count(*) FROM {self._messages} m JOIN {self._groups} g ON g.group_id = m.group_id"
+            f" WHERE g.priority >= ?{routing}",
+            (min_priority, *routing_keys),
+        )
+        return int(rows[0][0])
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def process(lease: Lease) -> int:
+    """The handler: a little real work on the payload (its result is not kept)."""
+    return len(json.dumps(lease.event.data, sort_keys=True))
+
+
+def drain(
+    transport: LibsqlTransport,
+    log: PrimaryLog,
+    *,
+    worker: str,
+    visibility: float,
+    routing_keys: Sequence[str] = (),
+    min_priority: int = 0,
+    until_drained: bool = True,
+    stop: Any = None,
+    idle_poll: float = IDLE_POLL,
+) -> dict[str, Any]:
+    """Claim, process and ack until nothing this worker may claim is left on the primary
+    (`until_drained`), or until `stop()` is true. Returns counts and timings."""
+    counts = {"claimed": 0, "acked": 0, "lost": 0, "empty_claims": 0}
+    claim_seconds: list[float] = []
+    began = time.monotonic()
+    while not (stop is not None and stop()):
+        asked = time.perf_counter()
+        lease = transport.claim(worker, visibility, min_priority, routing_keys)
+        if lease is None:
+            counts["empty_claims"] += 1
+            if until_drained and log.remaining(routing_keys, min_priority) == 0:
+                break
+            time.sleep(idle_poll)
+            continue
+        claim_seconds.append(time.perf_counter() - asked)
+        counts["claimed"] += 1
+        log.record("start", lease)
+        process(lease)
+        log.record("end", lease)
+        if transport.ack(lease):
+            counts["acked"] += 1
+        else:
+            counts["lost"] += 1
+            log.record("lost", lease)
+    claim_seconds.sort()
+    return {
+        "worker": worker,
+        **counts,
+        "seconds": time.monotonic() - began,
+        "claim_p50_ms": 1000 * claim_seconds[len(claim_seconds) // 2] if claim_seconds else None,
+    }
+
+
+# --------------------------------------------------------------------------- spawn targets
+
+
+def _settings(config: dict[str, Any]) -> EdgeSettings:
+    return ExplicitSettings.load(**config)
+
+
+def drain_process(config: dict[str, Any], spec: dict[str, Any], barrier: Any, results: Any) -> None:
+    """A worker process of test_claim_serialization: open its own replica (or remote connection)
+    and the log, wait for every worker to be ready, drain, report."""
+    worker = spec["worker"]
+    try:
+        transport = LibsqlTransport.from_settings(_settings(config))
+        log = PrimaryLog(transport.settings, worker, spec["visibility"])
+        barrier.wait(timeout=120)
+        summary = drain(
+            transport,
+            log,
+            worker=worker,
+            visibility=spec["visibility"],
+            routing_keys=tuple(spec.get("routing_keys", ())),
+            min_priority=spec.get("min_priority", 0),
+        )
+        log.close()
+        transport.close()
+        results.put(summary)
+    except BaseException:  # noqa: BLE001 - reported to the test, which fails on it
+        barrier.abort()
+        results.put({"worker": worker, "error": traceback.format_exc()})
+
+
+class RecordingConnection(EdgeConnection):
+    """An EdgeConnection that notes how each schema statement ended, to show the upgrade race.
+
+    Every statement still runs against the real primary; the record says which worker added
+    the column and whether the other lost the race to it. With a `gate` (a barrier shared by
+    the workers), a worker that has just read the groups table's columns waits there until its
+    peers have read theirs too: every worker then decides whether to add the column before
+    any of them has added it, the worst interleaving of a simultaneous start, made certain
+    instead of left to the scheduler.
+    """
+
+    def __init__(self, settings: EdgeSettings, gate: Any = None) -> None:
+        self.statements: list[tuple[str, str]] = []
+        self._gate = gate
+        super().__init__(settings)
+
+    def execute(self, sql: str, params: tuple | list = ()) -> list[tuple]:
+        try:
+            rows = super().execute(sql, params)
+        except Exception as exc:
+            if sql.lstrip().upper().startswith(("ALTER", "CREATE", "PRAGMA")):
+                self.statements.append((sql[:60], f"error: {str(exc)[:200]}"))
+            raise
+        if sql.lstrip().upper().startswith(("ALTER", "CREATE", "PRAGMA USER_VERSION =")):
+            self.statements.append((sql[:60], "ok"))
+        if self._gate is not None and sql.upper().startswith("PRAGMA TABLE_INFO"):
+            gate, self._gate = self._gate, None
+            gate.wait(timeout=60)
+        return rows
+
+
+def upgrading_process(
+    config: dict[str, Any],
+    spec: dict[str, Any],
+    barrier: Any,
+    gate: Any,
+    routed_published: Any,
+    results: Any,
+) -> None:
+    """A worker process of test_routing_migration: open the replica, then start harel_edge's
+    transport on the old database at the same moment as its peer (the barrier), drain the old
+    messages, then, once routed messages are published, drain those of its routing key.
+    `gate`, when not None, forces the upgrade race (see RecordingConnection)."""
+    worker = spec["worker"]
+    try:
+        settings = _settings(config)
+        connection = RecordingConnection(settings, gate)
+        log = PrimaryLog(settings, worker, spec["visibility"])
+        barrier.wait(timeout=120)
+        started = time.time()
+        transport = LibsqlTransport(connection=connection)
+        results.put(
+            {"worker": worker, "phase": "started", "statements": connection.statements, "at": started}
+        )
+        old = drain(transport, log, worker=worker, visibility=spec["visibility"])
+        results.put({"worker": worker, "phase": "old", **old})
+        if not routed_published.wait(timeout=120):
+            raise TimeoutError("the test never published the routed messages")
+        keys = tuple(spec["routing_keys"])
+        routed = drain(transport, log, worker=worker, visibility=spec["visibility"], routing_keys=keys)
+        results.put({"worker": worker, "phase": "routed", **routed})
+        log.close()
+        transport.close()
+    except BaseException:  # noqa: BLE001 - reported to the test, which fails on it
+        barrier.abort()
+        if gate is not None:
+            gate.abort()
+        results.put({"worker": worker, "phase": "error", "error": traceback.format_exc()})
+
+
+# --------------------------------------------------------------------------- host process
+
+
+def main() -> int:
+    """A long-running edge worker configured by HAREL_EDGE_* variables: runs until SIGTERM/SIGINT.
+
+    What `compose/run-workers.sh` starts next to the composed sqld until `harel_edge.worker`
+    exists. It logs every message it processes to the primary (see the module docstring).
+    """
+    stopping: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stopping.append(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    settings = EdgeSettings.load()
+    transport = LibsqlTransport.from_settings(settings)
+    log = PrimaryLog(settings, settings.worker_id, settings.visibility)
+    print(f"worker {settings.worker_id}: {transport!r} ready", flush=True)
+    summary = drain(
+        transport,
+        log,
+        worker=settings.worker_id,
+        visibility=settings.visibility,
+        routing_keys=settings.routing_keys,
+        until_drained=False,
+        stop=lambda: bool(stopping),
+        idle_poll=HOST_IDLE_POLL,
+    )
+    log.close()
+    transport.close()
+    print(f"worker {settings.worker_id}: stopped {json.dumps(summary)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
