@@ -137,7 +137,11 @@ class ProcessPool(Generic[R]):
             if self._closing:
                 raise PoolClosedError(f"{self.name}: the pool is closed")
             if self._idle:
-                return self._idle.pop()  # the most recently used: its connection is warm
+                worker = self._idle.pop()  # the most recently used: its connection is warm
+                if worker.process.is_alive():
+                    return worker
+                self._discard(worker)  # died while idle: nothing was sent, so nothing is lost
+                continue
             if self._live < self.size:
                 return await self._grow()
             changed = self._changed
