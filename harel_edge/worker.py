@@ -369,7 +369,11 @@ async def run_worker(
             )
             loop = _MeteredDurableWorker(LibsqlDurable(checkpointer, scheduler), fn)
             loop.namespace, loop.report = spec.namespace, report
-            tasks.append(asyncio.create_task(loop.run(stop), name=f"workflows:{spec.namespace}"))
+            tasks.append(
+                asyncio.create_task(
+                    _durable_loop(loop, stop, options.poll), name=f"workflows:{spec.namespace}"
+                )
+            )
         sampler = asyncio.create_task(_sample(database, settings, options.sample_every, stop), name="sampler")
         log.info(
             "worker started",
@@ -414,6 +418,24 @@ async def run_worker(
         passes=report.passes,
     )
     return report
+
+
+async def _durable_loop(loop: DurableWorker, stop: asyncio.Event, poll: float) -> None:
+    """`DurableWorker.run`, waiting for ready work at most one poll at a time, so a stop is
+    noticed within a poll (plus the pass in progress, which always finishes)."""
+    within = timedelta(seconds=max(poll, 0.01))
+    failures = 0
+    while not stop.is_set():
+        try:
+            await loop.run_once(within)
+            failures = 0
+        except Exception as exc:  # noqa: BLE001 - a worker outlives one bad pass or a lost link
+            failures += 1
+            log.warning(
+                "workflow pass failed", error=f"{type(exc).__name__}: {str(exc)[:300]}", failures=failures
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), min(0.05 * 2**failures, 5.0))
 
 
 async def _sample(database: Database, settings: EdgeSettings, every: float, stop: asyncio.Event) -> None:
@@ -473,11 +495,13 @@ def _child(
     settings: EdgeSettings,
     options: WorkerOptions,
     stop_flag: Any,
+    ready_flag: Any,
     reports: Any,
     log_format: str,
     log_level: str,
 ) -> None:
-    """A spawned worker process: runs until the parent sets `stop_flag` or it gets SIGTERM."""
+    """A spawned worker process: runs until the parent sets `stop_flag` or it gets SIGTERM;
+    sets `ready_flag` once its schema is in place and it is about to claim."""
     os.environ.setdefault("RUST_LOG", "off")
     observability.configure_logging(log_format, log_level)  # type: ignore[arg-type]
     if settings.metrics_port:
@@ -498,7 +522,7 @@ def _child(
 
         watcher = asyncio.create_task(watch())
         try:
-            return await run_worker(settings, options, stop)
+            return await run_worker(settings, options, stop, ready=ready_flag.set)
         finally:
             watcher.cancel()
 
@@ -517,10 +541,22 @@ class WorkerProcesses:
 
     processes: list[multiprocessing.process.BaseProcess]
     stop_flag: Any
+    ready_flags: list[Any]
     reports: Any
 
     def alive(self) -> int:
         return sum(p.is_alive() for p in self.processes)
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until every worker is about to claim; False if one died or time ran out first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(flag.is_set() for flag in self.ready_flags):
+                return True
+            if self.alive() < len(self.processes):
+                return False
+            time.sleep(0.02)
+        return False
 
     def stop(self, timeout: float) -> list[WorkerReport]:
         """Ask every worker to stop, wait for them, and return their reports."""
@@ -557,7 +593,7 @@ def start_processes(
     when metrics are on, its own port (`metrics_port + n`); `per_worker` may change more."""
     context = multiprocessing.get_context("spawn")
     stop_flag, reports = context.Event(), context.Queue()
-    processes = []
+    processes, ready_flags = [], []
     for index in range(count):
         update: dict[str, Any] = {
             "worker_id": f"{settings.worker_id}-{index + 1}" if count > 1 else settings.worker_id
@@ -567,14 +603,15 @@ def start_processes(
         mine = settings.model_copy(update=update)
         if per_worker is not None:
             mine = per_worker(index, mine)
+        ready_flags.append(context.Event())
         process = context.Process(
             target=_child,
-            args=(mine, options, stop_flag, reports, log_format, log_level),
+            args=(mine, options, stop_flag, ready_flags[-1], reports, log_format, log_level),
             name=f"harel-edge-worker-{index + 1}",
         )
         process.start()
         processes.append(process)
-    return WorkerProcesses(processes, stop_flag, reports)
+    return WorkerProcesses(processes, stop_flag, ready_flags, reports)
 
 
 def run_processes(

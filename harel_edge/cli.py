@@ -1,0 +1,844 @@
+"""`harel-edge`: run, inspect and repair a harel_edge deployment from the shell.
+
+Every command reads the same settings as the workers (HAREL_EDGE_* variables, `.env`, or the
+global options, which win), so what an operator inspects is what the workers use. Commands that
+only look (`status`, `doctor`, `config show`) never write: a local file is read through
+SQLite's read-only mode, and a remote primary only receives reads. Commands that write refuse,
+before writing anything, a file that is not a database, another application's database, and a
+database written by a newer harel_edge.
+
+Errors are one line on stderr that says what to do, and a non-zero exit code (see
+docs/cli.md): 1 the command ran and found a problem, 2 bad configuration or arguments,
+3 primary unreachable, 4 credentials refused, 5 the database cannot be used as it is.
+Secrets never appear in output: tokens are redacted in `config show` and scrubbed from errors.
+"""
+
+from __future__ import annotations
+
+import os
+
+# The driver writes its Rust logs to stdout, where they would corrupt `--json` output. The
+# command keeps them off unless HAREL_EDGE_RUST_LOG asks for them (read at first connect).
+os.environ["RUST_LOG"] = os.environ.get("HAREL_EDGE_RUST_LOG", "off")
+
+import functools  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from datetime import UTC, datetime  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from harel_edge import schema  # noqa: E402
+from harel_edge.connection import EdgeConnection, explain_connect_error  # noqa: E402
+from harel_edge.errors import (  # noqa: E402
+    AuthError,
+    ConfigurationError,
+    HarelEdgeError,
+    NotADatabaseError,
+    PrimaryUnavailableError,
+    SchemaError,
+)
+from harel_edge.settings import EdgeSettings  # noqa: E402
+from harel_edge.status import (  # noqa: E402
+    Check,
+    check_usable,
+    clock_skew,
+    database_facts,
+    inspect_file,
+    last_sync_of_replica_file,
+    open_read_only,
+    queue_status,
+    quick_check,
+    raise_missing,
+    schema_check,
+    settings_summary,
+    skew_check,
+    workflow_status,
+)
+from harel_edge.store import store_tables  # noqa: E402
+
+HELP_WIDTH = 100
+CONTEXT = {
+    "help_option_names": ["-h", "--help"],
+    "terminal_width": HELP_WIDTH,
+    "max_content_width": HELP_WIDTH,
+}
+
+app = typer.Typer(
+    name="harel-edge",
+    help="Run, inspect and repair harel_edge: harel's statecharts and durable workflows on libSQL.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    context_settings=CONTEXT,
+)
+config_app = typer.Typer(
+    help="Inspect the configuration.", no_args_is_help=True, rich_markup_mode=None, context_settings=CONTEXT
+)
+app.add_typer(config_app, name="config")
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+# exit codes (docs/cli.md)
+EXIT_PROBLEM, EXIT_CONFIG, EXIT_UNREACHABLE, EXIT_AUTH, EXIT_DATABASE = 1, 2, 3, 4, 5
+
+
+@dataclass
+class Globals:
+    overrides: dict[str, Any] = field(default_factory=dict)
+    env_file: str | None = None
+    log_format: str = "console"
+    log_level: str = "warning"
+
+    def settings(self, **more: Any) -> EdgeSettings:
+        values = {k: v for k, v in {**self.overrides, **more}.items() if v is not None}
+        if self.env_file is not None:
+            if not Path(self.env_file).is_file():
+                raise ConfigurationError(f"--env-file {self.env_file!r} does not exist")
+            values["_env_file"] = self.env_file
+        return EdgeSettings.load(**values)
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    profile: str | None = typer.Option(
+        None, "--profile", help="local, sqld or replica (overrides HAREL_EDGE_PROFILE)."
+    ),
+    db_path: str | None = typer.Option(
+        None, "--db-path", help="The database file, or the replica's file (overrides HAREL_EDGE_DB_PATH)."
+    ),
+    url: str | None = typer.Option(None, "--url", help="The sqld/Turso server (overrides HAREL_EDGE_URL)."),
+    sync_url: str | None = typer.Option(
+        None, "--sync-url", help="The primary a replica syncs with (overrides HAREL_EDGE_SYNC_URL)."
+    ),
+    prefix: str | None = typer.Option(None, "--prefix", help="Table prefix (overrides HAREL_EDGE_PREFIX)."),
+    env_file: str | None = typer.Option(
+        None, "--env-file", help="Read settings from this file instead of ./.env."
+    ),
+    log_format: str = typer.Option(
+        "auto", "--log-format", help="Log lines on stderr: json, console, or auto (json unless a terminal)."
+    ),
+    log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
+) -> None:
+    """Settings come from HAREL_EDGE_* variables (and .env); these options override them.
+    The auth token is only read from HAREL_EDGE_AUTH_TOKEN (or the env file), never from an
+    option, so it stays out of shell history and process listings."""
+    from harel_edge import observability  # noqa: PLC0415
+
+    if log_format == "auto":
+        log_format = "console" if sys.stderr.isatty() else "json"
+    if log_format not in ("json", "console"):
+        _fail(EXIT_CONFIG, f"--log-format {log_format!r}: use json, console or auto")
+    observability.configure_logging(log_format, log_level)  # type: ignore[arg-type]
+    ctx.obj = Globals(
+        {"profile": profile, "db_path": db_path, "url": url, "sync_url": sync_url, "prefix": prefix},
+        env_file,
+        log_format,
+        log_level,
+    )
+
+
+# ---- errors --------------------------------------------------------------------------------------
+
+
+def _fail(code: int, message: str) -> None:
+    err.print(f"harel-edge: error: {message}", markup=False)
+    raise typer.Exit(code)
+
+
+def _code_for(exc: BaseException) -> int:
+    if isinstance(exc, ConfigurationError):
+        return EXIT_CONFIG
+    if isinstance(exc, PrimaryUnavailableError):
+        return EXIT_UNREACHABLE
+    if isinstance(exc, AuthError):
+        return EXIT_AUTH
+    if isinstance(exc, (NotADatabaseError, SchemaError)):
+        return EXIT_DATABASE
+    return EXIT_PROBLEM
+
+
+def handled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn every expected failure into one line on stderr and its exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ctx: typer.Context | None = kwargs.get("ctx")
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort, SystemExit):
+            raise
+        except HarelEdgeError as exc:
+            _fail(_code_for(exc), _scrub(str(exc), ctx))
+        except ValueError as exc:  # the driver's errors are ValueErrors: explain them
+            settings = _maybe_settings(ctx)
+            explained = explain_connect_error(settings, exc) if settings is not None else exc
+            text = str(explained)
+            if isinstance(explained, HarelEdgeError):
+                _fail(_code_for(explained), _scrub(text, ctx))
+            _fail(EXIT_PROBLEM, _scrub(text, ctx))
+
+    return wrapper
+
+
+def _maybe_settings(ctx: typer.Context | None) -> EdgeSettings | None:
+    try:
+        return ctx.obj.settings() if ctx is not None and ctx.obj is not None else None
+    except Exception:  # noqa: BLE001 - only used to explain another error
+        return None
+
+
+def _scrub(text: str, ctx: typer.Context | None) -> str:
+    token = os.environ.get("HAREL_EDGE_AUTH_TOKEN") or os.environ.get("HAREL_LIBSQL_AUTH_TOKEN")
+    settings = _maybe_settings(ctx)
+    secrets = [token] if token else []
+    if settings is not None and settings.auth_token:
+        secrets.append(settings.auth_token.get_secret_value())
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "**********")
+    return text
+
+
+# ---- opening the database -------------------------------------------------------------------------
+
+
+def _primary_settings(settings: EdgeSettings) -> EdgeSettings:
+    """The sqld-profile settings that talk to a replica's primary directly."""
+    if settings.profile != "replica":
+        return settings
+    return settings.model_copy(update={"profile": "sqld", "url": settings.sync_url, "sync_url": None})
+
+
+def _probe(settings: EdgeSettings) -> EdgeConnection:
+    """A direct connection to the primary (sqld, or a replica's primary). It tells a refused
+    token from an unreachable primary, which an embedded replica's sync cannot (both are a
+    handshake timeout there)."""
+    return EdgeConnection(_primary_settings(settings))
+
+
+def open_for_writing(settings: EdgeSettings, *, adopt: bool = False) -> EdgeConnection:
+    """The profile's connection, after refusing what must not be written to."""
+    if settings.profile in ("local", "replica"):
+        check_usable(inspect_file(settings.db_path), settings.prefix, settings.db_path, adopt=adopt)
+    if settings.profile == "replica":
+        _probe(settings).close()
+    connection = EdgeConnection(settings)
+    try:
+        check_usable(
+            database_facts(connection.execute),
+            settings.prefix,
+            settings.server or settings.db_path,
+            adopt=adopt,
+        )
+    except BaseException:
+        connection.close()
+        raise
+    return connection
+
+
+@dataclass
+class Reader:
+    """Read-only access: the primary's data (or the local file's), and on a replica its own file."""
+
+    execute: Callable[..., list[tuple]]
+    close: Callable[[], None]
+    where: str
+
+
+def open_for_reading(settings: EdgeSettings) -> Reader:
+    if settings.profile == "local":
+        if not inspect_file(settings.db_path).exists:
+            raise_missing(settings.db_path)
+        connection = open_read_only(settings.db_path)
+        return Reader(
+            lambda sql, params=(): connection.execute(sql, params).fetchall(),
+            connection.close,
+            settings.db_path,
+        )
+    primary = _probe(settings)
+    return Reader(primary.execute, primary.close, settings.server or "")
+
+
+# ---- publish --------------------------------------------------------------------------------------
+
+
+@app.command()
+@handled
+def publish(
+    ctx: typer.Context,
+    group: str = typer.Argument(..., help="The group (for a statechart: the execution id)."),
+    kind: str = typer.Argument(..., help="The event's kind, e.g. Pay."),
+    data: str = typer.Option("{}", "--data", "-d", help="The event's data: a JSON object."),
+    priority: int = typer.Option(0, "--priority", "-p", min=0, max=4, help="0 (default) to 4."),
+    routing_key: str | None = typer.Option(
+        None, "--routing-key", "-r", help="Only workers claiming this key take the group."
+    ),
+    event_id: str | None = typer.Option(
+        None, "--id", help="The event id (dedupe key); a new one by default. Reuse it to retry safely."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the published event as JSON."),
+) -> None:
+    """Append an event to a group's queue. A group's first message fixes its priority and
+    routing key while the group has messages."""
+    from harel.spec.states import Event  # noqa: PLC0415
+
+    from harel_edge.transport import LibsqlTransport, Message  # noqa: PLC0415
+
+    try:
+        payload = json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise ConfigurationError(f"--data is not JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(payload, dict):
+        raise ConfigurationError("--data must be a JSON object, e.g. '{\"amount\": 12.5}'")
+    if not group:
+        raise ConfigurationError("GROUP must not be empty")
+    settings = ctx.obj.settings()
+    event = Event(
+        kind=kind, data=payload, created_time=datetime.now(UTC), **({"id": event_id} if event_id else {})
+    )
+    connection = open_for_writing(settings)
+    try:
+        has_schema = (
+            schema.has_routing_key(connection.execute, settings.prefix)
+            if _has_table(connection, settings)
+            else False
+        )
+        transport = LibsqlTransport(connection=connection, create_schema=not has_schema)
+        transport.publish_many([Message(group, event, priority, routing_key)])
+    finally:
+        connection.close()
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "group": group,
+                    "priority": priority,
+                    "routing_key": routing_key,
+                    "event": event.model_dump(mode="json"),
+                }
+            )
+        )
+    else:
+        key = f", routing key {routing_key}" if routing_key else ""
+        out.print(f"published {kind} {event.id} to {group} (priority {priority}{key})", markup=False)
+
+
+def _has_table(connection: EdgeConnection, settings: EdgeSettings) -> bool:
+    from harel_edge.schema import EdgeNames  # noqa: PLC0415
+
+    rows = connection.execute(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
+        (EdgeNames(settings.prefix).groups,),
+    )
+    return bool(rows[0][0])
+
+
+# ---- status ---------------------------------------------------------------------------------------
+
+
+def collect_status(settings: EdgeSettings, top: int = 10) -> dict[str, Any]:
+    """Everything `status` shows, as one dict (its --json output)."""
+    report: dict[str, Any] = {"profile": settings.profile, "where": settings.server or settings.db_path}
+    replica: dict[str, Any] | None = None
+    if settings.profile == "replica":
+        last = last_sync_of_replica_file(settings.db_path)
+        replica = {
+            "file": settings.db_path,
+            "last_sync_at": None if last is None else datetime.fromtimestamp(last, UTC).isoformat(),
+            "lag_seconds": None if last is None else max(0.0, time.time() - last),
+        }
+        local = inspect_file(settings.db_path)
+        if local.exists and local.has_schema(settings.prefix):
+            connection = open_read_only(settings.db_path)
+            try:
+                local_queue = queue_status(
+                    lambda s, p=(): connection.execute(s, p).fetchall(), settings.prefix, top=0
+                )
+                replica["messages_seen_locally"] = local_queue["totals"]["messages"]
+            finally:
+                connection.close()
+    reader = open_for_reading(settings)
+    try:
+        facts = database_facts(reader.execute)
+        check_usable(facts, settings.prefix, reader.where)
+        report["schema_version"] = facts.user_version
+        if not facts.has_schema(settings.prefix):
+            raise SchemaError(
+                f"{reader.where} has no harel_edge tables with prefix {settings.prefix!r}: run `harel-edge migrate` "
+                "or start a worker (or set HAREL_EDGE_PREFIX to the prefix the workers use)"
+            )
+        report["queue"] = queue_status(reader.execute, settings.prefix, top=top)
+        if "workflow_queue" in facts.tables:
+            report["workflows"] = workflow_status(reader.execute)
+    finally:
+        reader.close()
+    if replica is not None:
+        replica["messages_on_primary"] = report["queue"]["totals"]["messages"]
+        report["replica"] = replica
+    return report
+
+
+@app.command()
+@handled
+def status(
+    ctx: typer.Context,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    groups: int = typer.Option(10, "--groups", min=0, help="How many of the deepest groups to list."),
+) -> None:
+    """Queue depth by priority, routing key and group; in flight, parked, oldest message;
+    workflows ready, sleeping and claimed; a replica's lag and last sync. Reads only."""
+    report = collect_status(ctx.obj.settings(), top=groups)
+    if as_json:
+        print(json.dumps(report, indent=2, default=str))
+        return
+    queue = report["queue"]
+    totals = queue["totals"]
+    oldest = queue["oldest"]
+    age = oldest["age_seconds"]
+    out.print(
+        f"{report['profile']} at {report['where']} (schema {report['schema_version']}): "
+        f"{totals['messages']} messages in {totals['groups']} groups, {totals['in_flight']} in flight, "
+        f"{totals['parked']} parked",
+        markup=False,
+    )
+    if oldest["seq"] is not None:
+        out.print(
+            f"oldest message: #{oldest['seq']} of {oldest['group_id']}"
+            + (
+                f", {age:.1f} s old"
+                if age is not None
+                else " (age unknown: its publisher did not stamp created_time)"
+            ),
+            markup=False,
+        )
+    table = Table(title="queue by priority and routing key")
+    for column in ("priority", "routing key", "groups", "messages", "queued", "in flight", "parked"):
+        table.add_column(column, justify="right" if column != "routing key" else "left")
+    for row in queue["by_priority_and_routing_key"]:
+        table.add_row(
+            str(row["priority"]),
+            row["routing_key"] or "-",
+            *(str(row[k]) for k in ("groups", "messages", "queued", "in_flight", "parked")),
+        )
+    out.print(table)
+    if queue["deepest_groups"]:
+        deepest = Table(title=f"deepest groups (up to {groups})")
+        for column in ("group", "priority", "routing key", "messages", "head"):
+            deepest.add_column(column)
+        for row in queue["deepest_groups"]:
+            deepest.add_row(
+                row["group_id"],
+                str(row["priority"]),
+                row["routing_key"] or "-",
+                str(row["messages"]),
+                row["head"],
+            )
+        out.print(deepest)
+    workflows = report.get("workflows")
+    if workflows is not None:
+        table = Table(
+            title=f"workflows ({workflows['finished']} finished, {workflows['claimed']} claimed now)"
+        )
+        for column in ("namespace", "ready", "sleeping", "claimed", "next wake"):
+            table.add_column(column)
+        for row in workflows["namespaces"]:
+            wake = row["next_wake_in_seconds"]
+            table.add_row(
+                row["namespace"],
+                str(row["ready"]),
+                str(row["sleeping"]),
+                str(row["claimed"]),
+                "-" if wake is None else f"in {wake:.1f} s",
+            )
+        out.print(table)
+    replica = report.get("replica")
+    if replica is not None:
+        lag = replica["lag_seconds"]
+        out.print(
+            f"replica {replica['file']}: "
+            + (
+                "never synced on this machine"
+                if lag is None
+                else f"last synced {replica['last_sync_at']} ({lag:.1f} s ago)"
+            )
+            + (
+                f", sees {replica['messages_seen_locally']} messages locally"
+                if "messages_seen_locally" in replica
+                else ""
+            ),
+            markup=False,
+        )
+
+
+# ---- migrate --------------------------------------------------------------------------------------
+
+
+def migration_script(prefix: str) -> str:
+    """The whole schema as SQL for a team whose migration tool owns it (`migrate --print-sql`)."""
+    lines = [
+        f"-- harel_edge schema version {schema.SCHEMA_VERSION}, table prefix {prefix!r}.",
+        "-- Run once on a NEW database, in this order. On a database made by harel 0.9 (its transport",
+        "-- tables without routing_key), run this first, once:",
+        f"--   {schema.routing_upgrade(prefix)};",
+        "",
+    ]
+    lines += [f"{statement};" for statement in schema.migration_sql(prefix)]
+    lines += ["", "-- harel's execution store (the worker's EdgeStore), as harel creates it:"]
+    lines += [f"{statement};" for statement in store_tables(prefix)]
+    return "\n".join(lines) + "\n"
+
+
+@app.command()
+@handled
+def migrate(
+    ctx: typer.Context,
+    print_sql: bool = typer.Option(False, "--print-sql", help="Print the schema as SQL and change nothing."),
+    adopt: bool = typer.Option(
+        False, "--adopt", help="Add harel_edge's tables to a database that holds other applications' tables."
+    ),
+) -> None:
+    """Create or upgrade harel_edge's tables (idempotent; safe while workers run). A database
+    written by a newer harel_edge is refused."""
+    settings = ctx.obj.settings()
+    if print_sql:
+        sys.stdout.write(migration_script(settings.prefix))
+        return
+    from harel_edge.worker import prepare  # noqa: PLC0415
+
+    connection = open_for_writing(settings, adopt=adopt)
+    try:
+        found = prepare(connection, migrate=True, adopt=adopt)
+    finally:
+        connection.close()
+    if found == schema.SCHEMA_VERSION:
+        out.print(f"schema version {found}: up to date ({settings_summary(settings)})", markup=False)
+    else:
+        out.print(
+            f"schema version {found} -> {schema.SCHEMA_VERSION} ({settings_summary(settings)})", markup=False
+        )
+
+
+# ---- config ---------------------------------------------------------------------------------------
+
+
+@config_app.command("show")
+@handled
+def config_show(
+    ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")
+) -> None:
+    """The settings in effect, after the environment, .env and the options; the token redacted."""
+    values = ctx.obj.settings().redacted()
+    if as_json:
+        print(json.dumps(values, indent=2, default=str))
+        return
+    table = Table(title="harel_edge settings")
+    table.add_column("setting")
+    table.add_column("variable")
+    table.add_column("value")
+    for key, value in values.items():
+        table.add_row(key, f"HAREL_EDGE_{key.upper()}", "-" if value is None else str(value))
+    out.print(table)
+
+
+# ---- doctor ---------------------------------------------------------------------------------------
+
+
+def diagnose(settings: EdgeSettings) -> list[Check]:
+    """Doctor's checks, in the order a problem should be fixed; later checks skip when an
+    earlier one makes them meaningless."""
+    checks = [Check("configuration", "ok", settings_summary(settings))]
+    facts = None
+    if settings.profile in ("local", "replica"):
+        label = "database file" if settings.profile == "local" else "replica file"
+        try:
+            local = inspect_file(settings.db_path)
+            if not local.exists:
+                level = "warn" if settings.profile == "local" else "ok"
+                detail = f"{settings.db_path} does not exist yet"
+                fix = "run `harel-edge migrate` or start a worker" if settings.profile == "local" else ""
+                checks.append(Check(label, level, detail, fix))  # type: ignore[arg-type]
+            else:
+                check_usable(local, settings.prefix, settings.db_path)
+                result = quick_check(settings.db_path)
+                if result != "ok":
+                    checks.append(
+                        Check(label, "fail", f"{settings.db_path}: {result}", "restore it from a backup")
+                    )
+                else:
+                    checks.append(Check(label, "ok", f"{settings.db_path} reads cleanly (quick_check)"))
+                if settings.profile == "local":
+                    facts = local
+        except HarelEdgeError as exc:
+            checks.append(Check(label, "fail", str(exc).split(":")[0], str(exc)))
+            if settings.profile == "local":
+                return checks
+    if settings.profile != "local":
+        server = settings.server
+        try:
+            started = time.monotonic()
+            primary = _probe(settings)
+        except (AuthError, PrimaryUnavailableError) as exc:
+            name = "auth" if isinstance(exc, AuthError) else "connectivity"
+            if name == "auth":
+                checks.append(Check("connectivity", "ok", f"{server} answers"))
+            checks.append(Check(name, "fail", _first_clause(str(exc)), str(exc)))
+            return checks
+        try:
+            checks.append(
+                Check(
+                    "connectivity",
+                    "ok",
+                    f"{server} answers ({(time.monotonic() - started) * 1000:.0f} ms to connect)",
+                )
+            )
+            facts = database_facts(primary.execute)
+            checks.append(_write_access(primary, settings, facts))
+            skew, rtt = clock_skew(primary.execute)
+            checks.append(skew_check(skew, rtt))
+        finally:
+            primary.close()
+    if facts is not None:
+        try:
+            check_usable(facts, settings.prefix, settings.server or settings.db_path)
+            checks.append(schema_check(facts, settings.prefix))
+        except HarelEdgeError as exc:
+            checks.append(Check("schema version", "fail", _first_clause(str(exc)), str(exc)))
+    if settings.profile == "replica":
+        checks.append(_sync_health(settings))
+    return checks
+
+
+def _first_clause(text: str) -> str:
+    return text.split(": ", 1)[0] if ": " in text else text
+
+
+def _write_access(primary: EdgeConnection, settings: EdgeSettings, facts: Any) -> Check:
+    """Whether the token may write, found with a write that changes nothing."""
+    from harel_edge.schema import EdgeNames  # noqa: PLC0415
+
+    if not facts.has_schema(settings.prefix):
+        return Check(
+            "auth", "ok", "the token is accepted (write access not checked: no harel_edge tables yet)"
+        )
+    try:
+        primary.execute(f"DELETE FROM {EdgeNames(settings.prefix).messages} WHERE 0")
+    except ValueError as exc:
+        primary.reopen()  # sqld drops the stream after refusing a statement
+        if isinstance(explain_connect_error(settings, exc), AuthError):
+            return Check(
+                "auth",
+                "fail",
+                "the token is read-only",
+                "workers, publish and migrate need a read-write token: set HAREL_EDGE_AUTH_TOKEN to one "
+                "(status and doctor work with a read-only token)",
+            )
+        raise
+    return Check("auth", "ok", "the token may read and write")
+
+
+def _sync_health(settings: EdgeSettings) -> Check:
+    last = last_sync_of_replica_file(settings.db_path)
+    if last is None:
+        return Check(
+            "sync health",
+            "warn",
+            f"{settings.db_path} has never synced on this machine",
+            "start a worker here (it syncs at start), or check HAREL_EDGE_DB_PATH is the workers' file",
+        )
+    age = max(0.0, time.time() - last)
+    expected = settings.sync_interval or 5.0
+    detail = f"last synced {age:.1f} s ago"
+    if age > max(60.0, 10 * expected):
+        return Check(
+            "sync health",
+            "warn",
+            detail + " (no worker may be running here, or its syncs fail)",
+            "check the workers' logs for 'sync failed' lines and the harel_edge_sync_failures metric",
+        )
+    return Check("sync health", "ok", detail)
+
+
+@app.command()
+@handled
+def doctor(
+    ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON.")
+) -> None:
+    """Check connectivity, credentials, the database and its schema version, clock skew against
+    the primary and a replica's sync health; say what to do about each problem. Exits 1 if a
+    check failed. Writes nothing."""
+    checks = diagnose(ctx.obj.settings())
+    failed = any(c.level == "fail" for c in checks)
+    if as_json:
+        print(json.dumps({"ok": not failed, "checks": [c.as_dict() for c in checks]}, indent=2))
+    else:
+        marks = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
+        for check in checks:
+            out.print(f"{marks[check.level]}  {check.name}: {check.detail}", markup=False)
+            if check.fix and check.level != "ok":
+                out.print(f"      -> {check.fix}", markup=False)
+    if failed:
+        raise typer.Exit(EXIT_PROBLEM)
+
+
+# ---- worker ---------------------------------------------------------------------------------------
+
+
+@app.command()
+@handled
+def worker(
+    ctx: typer.Context,
+    definitions: str | None = typer.Option(
+        None, "--definitions", "-D", help="A directory of .stm statechart definitions to run."
+    ),
+    workflow: list[str] = typer.Option(
+        [], "--workflow", "-w", help="A durable workflow to run: [namespace=]module:function (repeatable)."
+    ),
+    processes: int = typer.Option(1, "--processes", "-n", min=1, max=64, help="Worker processes to run."),
+    concurrency: int = typer.Option(
+        32, "--concurrency", min=1, help="Statechart events in flight per process."
+    ),
+    poll: float = typer.Option(1.0, "--poll", min=0.01, help="Seconds between looks for ready workflows."),
+    grace: float = typer.Option(
+        30.0, "--grace", min=0.0, help="Seconds a stop may take before held work is given back."
+    ),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", help="Serve Prometheus metrics on 127.0.0.1:PORT (+n per process)."
+    ),
+    no_migrate: bool = typer.Option(
+        False, "--no-migrate", help="Only check the schema; a migration tool owns it."
+    ),
+    adopt: bool = typer.Option(
+        False, "--adopt", help="Accept a database holding other applications' tables."
+    ),
+) -> None:
+    """Run harel's worker on this transport and the durable-workflow loop until SIGTERM or
+    SIGINT, then finish or give back what it holds and exit 0."""
+    from harel_edge.worker import WorkerOptions, load_definitions, parse_workflow, run_processes, serve  # noqa: PLC0415
+
+    g: Globals = ctx.obj
+    settings = g.settings(**({"metrics_port": metrics_port} if metrics_port is not None else {}))
+    options = WorkerOptions(
+        definitions_dir=definitions,
+        workflows=tuple(parse_workflow(w) for w in workflow),
+        concurrency=concurrency,
+        poll=poll,
+        grace=grace,
+        migrate=not no_migrate,
+        adopt=adopt,
+    )
+    load_definitions(definitions)  # a bad directory or machine fails here, before any process starts
+    for spec in options.workflows:
+        spec.load()
+    if settings.profile in ("local", "replica"):
+        check_usable(inspect_file(settings.db_path), settings.prefix, settings.db_path, adopt=adopt)
+    if settings.profile != "local":
+        _probe(settings).close()  # a refused token or an unreachable primary fails now, clearly
+    if processes == 1:
+        report = serve(settings, options)
+        if report.error:
+            _fail(EXIT_PROBLEM, report.error)
+        return
+    raise typer.Exit(
+        run_processes(settings, options, processes, log_format=g.log_format, log_level=g.log_level)
+    )
+
+
+# ---- demo -----------------------------------------------------------------------------------------
+
+
+@app.command()
+@handled
+def demo(
+    db: str | None = typer.Option(
+        None, "--db", help="Use (and keep) this database file instead of a temporary one."
+    ),
+    orders: int = typer.Option(12, "--orders", min=1, max=500, help="Statechart executions to run."),
+    workflows: int = typer.Option(6, "--workflows", min=0, max=200, help="Durable workflows to run."),
+    keep: bool = typer.Option(False, "--keep", help="Keep the temporary directory and print where it is."),
+    timeout: float = typer.Option(60.0, "--timeout", min=1.0, help="Give up after this many seconds."),
+) -> None:
+    """The main job on the local profile, self-contained: events for several groups with
+    priorities and routing keys, a sample statechart and a sample durable workflow, processed
+    by two worker processes. Ignores HAREL_EDGE_* settings."""
+    from harel_edge.examples.demo import run_demo  # noqa: PLC0415
+
+    workdir = None if db else Path(tempfile.mkdtemp(prefix="harel-edge-demo-"))
+    path = Path(db) if db else workdir / "demo.db"  # type: ignore[operator]
+    try:
+        ok = run_demo(path, orders=orders, workflows=workflows, timeout=timeout, console=out)
+    finally:
+        if workdir is not None:
+            if keep:
+                out.print(f"kept {workdir}", markup=False)
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)
+    if not ok:
+        raise typer.Exit(EXIT_PROBLEM)
+
+
+# ---- the reference ----------------------------------------------------------------------------------
+
+
+def command_paths() -> list[list[str]]:
+    """Every command, as the words after `harel-edge`, the top level first."""
+    return [
+        [],
+        ["demo"],
+        ["worker"],
+        ["publish"],
+        ["status"],
+        ["migrate"],
+        ["config"],
+        ["config", "show"],
+        ["doctor"],
+    ]
+
+
+def help_text(path: list[str]) -> str:
+    """Exactly what `harel-edge PATH --help` prints."""
+    command = typer.main.get_command(app)
+    ctx = command.make_context("harel-edge", [*path, "--help"], resilient_parsing=True)
+    for word in path:
+        sub = ctx.command.get_command(ctx, word)  # type: ignore[attr-defined]
+        ctx = sub.make_context(word, [], parent=ctx, resilient_parsing=True)
+    return ctx.get_help() + "\n"
+
+
+def reference_markdown() -> str:
+    """docs/cli.md: generated from the commands' help, so it cannot drift (a test checks)."""
+    parts = [
+        "# `harel-edge` command reference",
+        "",
+        "Generated from `--help` by `harel-edge reference > docs/cli.md`; `tests/cli/test_reference.py`",
+        "fails when this file and the command disagree. Prose about the commands is in",
+        "[quickstart.md](quickstart.md) and [operations.md](operations.md).",
+        "",
+        "Exit codes: 0 success; 1 the command ran and found a problem (doctor, demo, a worker that",
+        "failed); 2 bad configuration or arguments; 3 primary unreachable; 4 credentials refused;",
+        "5 the database cannot be used as it is (not a database, another application's, damaged, newer",
+        "schema, no schema). Errors are one line on stderr.",
+        "",
+    ]
+    for path in command_paths():
+        title = " ".join(["harel-edge", *path])
+        parts += [f"## `{title}`", "", "```text", help_text(path).rstrip("\n"), "```", ""]
+    return "\n".join(parts)
+
+
+@app.command("reference", hidden=True)
+def reference() -> None:
+    """Print docs/cli.md."""
+    sys.stdout.write(reference_markdown())
