@@ -145,7 +145,9 @@ async def run_profile(profile: str, args, tmp: Path, url: str | None, token: str
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--profiles", default="local,sqld,replica")
     parser.add_argument("--inflight", default="1,8,32", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--seconds", type=float, default=4.0, help="measured time per cell")
@@ -164,17 +166,24 @@ def main() -> None:
             if profile == "local":
                 rows += asyncio.run(run_profile(profile, args, tmp / profile, None, None))
                 continue
-            with start_sqld_primary(backend=args.backend) as server, LatencyProxy(server.http_port, args.delay) as proxy:
+            with (
+                start_sqld_primary(backend=args.backend) as server,
+                LatencyProxy(server.http_port, args.delay) as proxy,
+            ):
                 rows += asyncio.run(run_profile(profile, args, tmp / profile, proxy.url, server.rw_token))
 
     design = "threads" if args.processes == 0 else f"processes={args.processes or 'default'}"
-    print(f"\n{platform.python_implementation()} {platform.python_version()}, {design}, "
-          f"added latency {args.delay * 1000:g} ms each way, {args.seconds:g} s per cell\n")
+    print(
+        f"\n{platform.python_implementation()} {platform.python_version()}, {design}, "
+        f"added latency {args.delay * 1000:g} ms each way, {args.seconds:g} s per cell\n"
+    )
     print("| profile | in flight | msg/s (claim+ack) | lag p50 ms | lag p99 ms | lag max ms |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
-        print(f"| {row['profile']} | {row['inflight']} | {row['msg_per_s']} | {row['lag_p50_ms']} | "
-              f"{row['lag_p99_ms']} | {row['lag_max_ms']} |")
+        print(
+            f"| {row['profile']} | {row['inflight']} | {row['msg_per_s']} | {row['lag_p50_ms']} | "
+            f"{row['lag_p99_ms']} | {row['lag_max_ms']} |"
+        )
     for profile in {row["profile"] for row in rows}:
         by = {row["inflight"]: row["msg_per_s"] for row in rows if row["profile"] == profile}
         if 1 in by and by[1]:

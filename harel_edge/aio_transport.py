@@ -62,7 +62,9 @@ class AsyncLibsqlTransport:
         self.settings: EdgeSettings = sync_transport.settings
 
     @classmethod
-    def _on_processes(cls, pool: ProcessPool, settings: EdgeSettings, clock: Clock | None) -> AsyncLibsqlTransport:
+    def _on_processes(
+        cls, pool: ProcessPool, settings: EdgeSettings, clock: Clock | None
+    ) -> AsyncLibsqlTransport:
         self = cls.__new__(cls)
         self._t = None
         self._serial = OneAtATime()

@@ -192,7 +192,9 @@ class ProcessPool(Generic[R]):
 class _Worker:
     """One worker process and the parent's end of its socket."""
 
-    def __init__(self, index: int, process: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, index: int, process: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         self.index = index
         self.process = process
         self.pid: int = process.pid
@@ -229,7 +231,9 @@ class _Worker:
         except BaseException as exc:
             worker.kill()
             if isinstance(exc, (asyncio.IncompleteReadError, ConnectionError)):
-                raise WorkerProcessError(f"{name} exited while starting (exit code {process.exitcode})") from None
+                raise WorkerProcessError(
+                    f"{name} exited while starting (exit code {process.exitcode})"
+                ) from None
             raise
         if status != "ready":
             worker.kill()
@@ -250,7 +254,7 @@ class _Worker:
     async def close(self) -> None:
         try:
             await asyncio.wait_for(self.call(pickle.dumps(_CLOSE)), _JOIN_TIMEOUT)
-        except (asyncio.TimeoutError, WorkerProcessError, OSError):
+        except (TimeoutError, WorkerProcessError, OSError):
             pass
         finally:
             self._writer.close()
@@ -334,7 +338,9 @@ def _portable(reply: tuple[str, Any]) -> bytes:
     status, value = reply
     if status == "error" and isinstance(value, BaseException):
         try:
-            value.add_note(f"(raised in worker process {os.getpid()}:\n{''.join(traceback.format_tb(value.__traceback__))})")
+            value.add_note(
+                f"(raised in worker process {os.getpid()}:\n{''.join(traceback.format_tb(value.__traceback__))})"
+            )
         except Exception:  # noqa: BLE001
             pass
     try:

@@ -135,7 +135,14 @@ class _Proxy:
         self.is_cut = False
         self.links: set[asyncio.Task] = set()
         self.writers: set[asyncio.StreamWriter] = set()
-        self.stats = {"connections": 0, "refused": 0, "bytes_up": 0, "bytes_down": 0, "chunks_up": 0, "chunks_down": 0}
+        self.stats = {
+            "connections": 0,
+            "refused": 0,
+            "bytes_up": 0,
+            "bytes_down": 0,
+            "chunks_up": 0,
+            "chunks_down": 0,
+        }
 
     async def run(self) -> None:
         server = await asyncio.start_server(self._accept, LOOPBACK, self.port, reuse_address=True)
@@ -203,9 +210,7 @@ class _Proxy:
         task = asyncio.current_task()
         self.links.add(task)
         try:
-            await asyncio.gather(
-                self._pump(client_r, server_w, "up"), self._pump(server_r, client_w, "down")
-            )
+            await asyncio.gather(self._pump(client_r, server_w, "up"), self._pump(server_r, client_w, "down"))
         except (asyncio.CancelledError, ConnectionError, OSError):
             pass
         finally:

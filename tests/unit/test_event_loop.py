@@ -166,7 +166,9 @@ def test_a_pool_runs_work_in_another_process_and_returns_its_rows_and_its_errors
             assert await pool.run(execute, "SELECT v FROM t") == [("a",)]
             with pytest.raises(ValueError, match="no such table"):
                 await pool.run(execute, "SELECT * FROM nosuch")
-            assert await pool.run(execute, "SELECT count(*) FROM t") == [(1,)], "an error leaves the worker usable"
+            assert await pool.run(execute, "SELECT count(*) FROM t") == [(1,)], (
+                "an error leaves the worker usable"
+            )
         finally:
             await pool.close()
 
