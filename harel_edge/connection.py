@@ -30,6 +30,7 @@ os.environ.setdefault("RUST_LOG", "error")
 
 import libsql  # noqa: E402
 
+from harel_edge import retry
 from harel_edge.errors import AuthError, NotADatabaseError, PrimaryUnavailableError
 from harel_edge.settings import EdgeSettings
 
@@ -55,10 +56,30 @@ class EdgeConnection:
         self.last_sync_at: float | None = None
         self.last_sync_error: str | None = None
         self._raw: Any = None
-        self._raw = _open(settings)
+        self._closed = False
         self._used_at = time.monotonic()
+        # A replica cannot even be opened while its primary is down (driver-facts §5), and a
+        # worker usually starts with its primary: open under the retry policy, so both may start
+        # in any order. Refused credentials and bad paths are permanent and fail at once.
+        retry.call_with_retry(settings, "connect", self._start)
+
+    def _start(self) -> None:
+        if self._raw is None:
+            self._raw = _open(self.settings)
         if self.profile == "replica":
+            self._first_sync()
+
+    def _first_sync(self) -> None:
+        """Sync at start; on failure, tell a refused token from an unreachable primary.
+
+        A replica's sync reports a bad token exactly like an unreachable primary (a handshake
+        timeout after ~3 s): one plain request to the primary tells them apart, so a wrong token
+        fails at once with `AuthError` instead of being retried until the deadline.
+        """
+        try:
             self.sync()
+        except Exception as exc:
+            raise _probe_primary(self.settings) or exc from None
 
     def __repr__(self) -> str:  # never the token
         where = self.settings.server or self.settings.db_path
@@ -77,7 +98,9 @@ class EdgeConnection:
     def execute(self, sql: str, params: tuple | list = ()) -> Rows:
         """Run one statement and return every row it produced (RETURNING rows included)."""
         now = time.monotonic()
-        if self.profile == "sqld" and now - self._used_at > REMOTE_IDLE_REOPEN and not self.in_transaction:
+        if self._raw is None:
+            self._reconnect()
+        elif self.profile == "sqld" and now - self._used_at > REMOTE_IDLE_REOPEN and not self.in_transaction:
             self.reopen()
         self._used_at = now
         cursor = self._raw.execute(sql, tuple(params))
@@ -91,6 +114,9 @@ class EdgeConnection:
         """Pull the primary's changes into the embedded replica; nothing to do elsewhere."""
         if self.profile != "replica":
             return
+        if self._raw is None:
+            self._reconnect()
+            return  # opening a replica syncs it
         try:
             self._raw.sync()
         except Exception as exc:
@@ -102,15 +128,24 @@ class EdgeConnection:
     def reopen(self) -> None:
         """Replace a connection left unusable by a broken link (libsql does not recover one)."""
         old, self._raw = self._raw, None
-        try:
-            old.close()
-        except Exception:  # noqa: BLE001 - the old one is broken; closing it is a courtesy
-            pass
+        if old is not None:
+            try:
+                old.close()
+            except Exception:  # noqa: BLE001 - the old one is broken; closing it is a courtesy
+                pass
+        self._reconnect()
+
+    def _reconnect(self) -> None:
+        """Open a new driver connection. If that fails (the primary is still away), the next
+        `execute` or `sync` tries again, so a retry loop can outlast an outage."""
+        if self._closed:
+            raise RuntimeError(f"{self!r} is closed")
         self._raw = _open(self.settings)
         if self.profile == "replica":
             self.sync()
 
     def close(self) -> None:
+        self._closed = True
         if self._raw is not None:
             self._raw.close()
             self._raw = None
@@ -160,6 +195,26 @@ def _open(settings: EdgeSettings) -> Any:
         raise explain_connect_error(settings, exc) from None
 
 
+def _probe_primary(settings: EdgeSettings) -> Exception | None:
+    """Ask the primary directly why a replica could not sync: an `AuthError` when it refuses the
+    token, a `PrimaryUnavailableError` when it cannot be reached, None when it answers."""
+    token = settings.auth_token.get_secret_value() if settings.auth_token else ""
+    probe = None
+    try:
+        probe = libsql.connect(settings.sync_url, auth_token=token, isolation_level=None)
+        probe.execute("SELECT 1").fetchall()
+    except Exception as exc:
+        explained = explain_connect_error(settings, exc)
+        return explained if isinstance(explained, (AuthError, PrimaryUnavailableError)) else None
+    finally:
+        if probe is not None:
+            try:
+                probe.close()
+            except Exception:  # noqa: BLE001 - a probe that cannot close tells nothing more
+                pass
+    return None
+
+
 def explain_connect_error(settings: EdgeSettings, exc: BaseException) -> Exception:
     """Turn the driver's terse message into one that says what to do, without the token."""
     text = str(exc)
@@ -177,8 +232,19 @@ def explain_connect_error(settings: EdgeSettings, exc: BaseException) -> Excepti
         )
     if any(
         word in lowered
-        for word in ("connection refused", "connect error", "dns", "timed out", "error trying to connect",
-                     "tcp connect", "hyper", "no route", "unreachable", "sync error", "connection reset")
+        for word in (
+            "connection refused",
+            "connect error",
+            "dns",
+            "timed out",
+            "error trying to connect",
+            "tcp connect",
+            "hyper",
+            "no route",
+            "unreachable",
+            "sync error",
+            "connection reset",
+        )
     ):
         return PrimaryUnavailableError(
             f"cannot reach the primary at {where} ({_scrub(text, settings)}): check that it runs and "

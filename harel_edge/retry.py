@@ -13,8 +13,10 @@ lock), a busy or locked file, a failed sync. Constraint violations, syntax error
 tables and refused credentials are never transient: retrying them only delays the error.
 
 What is *not* decided here is whether a failed write happened anyway (an ambiguous commit):
-only the caller knows how to look (a claim token, a step row), so `call_with_retry` takes a
-`resolve` callback that runs after a transient failure and before the next attempt.
+only the caller knows how to look (a claim token, a step row). `call_with_retry` gives it the
+two moments it needs: `recover` repairs the connection (reopen a dead remote stream, sync a
+replica so its local reads show the primary as it is now), and `resolve` looks the write up,
+only once recovery succeeded, so a look-up never answers from a stale replica.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from tenacity import (
 )
 
 from harel_edge import observability
+from harel_edge.errors import HarelEdgeError, PrimaryUnavailableError
 from harel_edge.settings import EdgeSettings
 
 log = structlog.get_logger("harel_edge.retry")
@@ -75,6 +78,7 @@ TRANSIENT_MARKERS = (
     "transaction_timeout",
     "stream_expired",
     "stream expired",
+    "stream has expired",
     "invalid baton",
     "connection has reached an invalid state",
     "connection refused",
@@ -86,6 +90,7 @@ TRANSIENT_MARKERS = (
     "status: unavailable",
     "timeout performing handshake",
     "sync error",
+    "replication error",
     "timed out",
     "status=502",
     "status=503",
@@ -95,12 +100,14 @@ TRANSIENT_MARKERS = (
 )
 
 # After these the driver's connection is dead for good (a remote stream is gone after sqld
-# restarted or after ~10 s idle): only a new connection works.
+# restarted or after ~10 s idle): only a new connection works. "connection has reached an
+# invalid state" is deliberately absent: the driver's next statement works (driver-facts §6),
+# and reopening a replica while its primary is down fails, where the old one still reads.
 REOPEN_MARKERS = (
     "stream_expired",
     "stream expired",
+    "stream has expired",
     "invalid baton",
-    "connection has reached an invalid state",
     "connection closed",
     "broken pipe",
     "unexpected eof",
@@ -109,6 +116,9 @@ REOPEN_MARKERS = (
 
 def is_transient(exc: BaseException) -> bool:
     """True when the operation may succeed if tried again unchanged."""
+    if isinstance(exc, HarelEdgeError):
+        # harel_edge's own errors are decided, not guessed: only "unreachable" passes with time.
+        return isinstance(exc, PrimaryUnavailableError)
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return True
     if not isinstance(exc, (ValueError, RuntimeError, OSError)):
@@ -125,6 +135,10 @@ def needs_reopen(exc: BaseException) -> bool:
     return any(marker in text for marker in REOPEN_MARKERS)
 
 
+def _error_text(exc: BaseException | None) -> str | None:
+    return None if exc is None else f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
 def _log_attempt(operation: str) -> Callable[[RetryCallState], None]:
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
@@ -133,15 +147,21 @@ def _log_attempt(operation: str) -> Callable[[RetryCallState], None]:
             "retrying",
             operation=operation,
             attempt=state.attempt_number,
+            elapsed=round(state.seconds_since_start, 3),
             sleep=round(state.next_action.sleep, 3) if state.next_action else None,
-            error=str(exc)[:300] if exc else None,
+            error=_error_text(exc),
         )
 
     return before_sleep
 
 
 def policy(settings: EdgeSettings, operation: str) -> Retrying:
-    """The retry policy for one operation, from the settings."""
+    """The retry policy for one operation, from the settings.
+
+    Delays are drawn uniformly from [0, min(retry_max_delay, retry_initial_delay * 2**n)]
+    ("full jitter"), so workers that failed together do not retry together. It stops at
+    `retry_attempts` attempts or once `retry_deadline` seconds have passed, whichever is first.
+    """
     return Retrying(
         retry=retry_if_exception(is_transient),
         wait=wait_random_exponential(multiplier=settings.retry_initial_delay, max=settings.retry_max_delay),
@@ -159,31 +179,51 @@ def call_with_retry(
     recover: Callable[[BaseException], None] | None = None,
     resolve: Callable[[], T | None] | None = None,
 ) -> T:
-    """Run `attempt` under the policy.
+    """Run `attempt` under the policy; return its result or raise its last error.
 
-    After a transient failure, `recover(exc)` repairs the connection (reopen, sync) and then
-    `resolve()` looks up whether the failed attempt took effect anyway; if it returns a value
-    other than None, that is the result and nothing is attempted again.
+    After a transient failure, and before anything else is sent, `recover(exc)` repairs the
+    connection (given the latest error: reopen, sync). If it fails, that failure counts as the
+    attempt's and recovery is tried again after the next delay. Once it succeeds, and if an
+    attempt may have reached the primary, `resolve()` looks up whether it took effect: a value
+    other than None is the result and nothing is sent again; None means "not applied", and
+    `attempt` runs again.
     """
-    failed = False
-    for tried in policy(settings, operation):
-        with tried:
-            if failed:
-                if resolve is not None:
-                    found = resolve()
-                    if found is not None:
-                        log.info("ambiguous write resolved", operation=operation, outcome="applied")
-                        return found
-            try:
-                return attempt()
-            except BaseException as exc:
-                if is_transient(exc):
-                    failed = True
-                    if recover is not None:
-                        try:
-                            recover(exc)
-                        except Exception as again:  # noqa: BLE001 - the next attempt reports it
-                            log.warning("recovery failed", operation=operation, error=str(again)[:300])
-                raise
+    latest: BaseException | None = None  # the transient failure recovery must repair
+    unsettled = False  # an attempt was sent and its outcome is unknown
+    tries = 0
+    try:
+        for tried in policy(settings, operation):
+            with tried:
+                tries += 1
+                try:
+                    if latest is not None:
+                        if recover is not None:
+                            recover(latest)
+                        if unsettled and resolve is not None:
+                            found = resolve()
+                            if found is not None:
+                                log.info(
+                                    "ambiguous write resolved",
+                                    operation=operation,
+                                    outcome="applied",
+                                    attempts=tries,
+                                )
+                                return found
+                        unsettled = False
+                        latest = None
+                    unsettled = True
+                    result = attempt()
+                    unsettled = False
+                except BaseException as exc:
+                    latest = exc
+                    if not is_transient(exc):
+                        log.info("not retried", operation=operation, attempt=tries, error=_error_text(exc))
+                    raise
+                if tries > 1:
+                    log.info("succeeded after retrying", operation=operation, attempts=tries)
+                return result
+    except BaseException as exc:
+        if is_transient(exc):
+            log.error("gave up", operation=operation, attempts=tries, error=_error_text(exc))
+        raise
     raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
-
