@@ -180,6 +180,16 @@ def test_a_batch_publish_keeps_order_across_chunks_and_groups(make_transport):
     assert all(v == sorted(v) for v in seen.values()), "FIFO within each group"
 
 
+def test_a_batch_larger_than_one_statement_is_published_in_one_transaction(make_transport, monkeypatch):
+    import harel_edge.transport as transport_module
+
+    monkeypatch.setattr(transport_module, "BATCH_ROWS", 7)  # 50 messages: 8 statements
+    t = make_transport(Clock())
+    assert t.publish_many(Message(f"g{i % 2}", Event(kind=f"{i}")) for i in range(50)) == 50
+    assert t.depth() == 50
+    assert [t.claim("w", 30).event.kind for _ in range(2)] == ["0", "1"], "each group's head is its first"
+
+
 def test_a_batch_publish_accepts_plain_tuples(make_transport):
     t = make_transport(Clock())
     assert t.publish_many([("G", Event(kind="a")), ("H", Event(kind="b"), 2, "eu")]) == 2
