@@ -31,7 +31,7 @@ from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from datetime import UTC, datetime  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import Annotated, Any  # noqa: E402
 
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -62,7 +62,9 @@ from harel_edge.status import (  # noqa: E402
     schema_check,
     settings_summary,
     skew_check,
+    tidy,
     workflow_status,
+    write_access,
 )
 from harel_edge.store import store_tables  # noqa: E402
 
@@ -181,11 +183,11 @@ def handled(fn: Callable[..., Any]) -> Callable[..., Any]:
         except (typer.Exit, typer.Abort, SystemExit):
             raise
         except HarelEdgeError as exc:
-            _fail(_code_for(exc), _scrub(str(exc), ctx))
+            _fail(_code_for(exc), _scrub(tidy(str(exc)), ctx))
         except ValueError as exc:  # the driver's errors are ValueErrors: explain them
             settings = _maybe_settings(ctx)
             explained = explain_connect_error(settings, exc) if settings is not None else exc
-            text = str(explained)
+            text = tidy(str(explained))
             if isinstance(explained, HarelEdgeError):
                 _fail(_code_for(explained), _scrub(text, ctx))
             _fail(EXIT_PROBLEM, _scrub(text, ctx))
@@ -229,24 +231,33 @@ def _probe(settings: EdgeSettings) -> EdgeConnection:
     return EdgeConnection(_primary_settings(settings))
 
 
-def open_for_writing(settings: EdgeSettings, *, adopt: bool = False) -> EdgeConnection:
-    """The profile's connection, after refusing what must not be written to."""
+READ_ONLY_TOKEN = (
+    "the primary at {where} accepts this token for reading only: set HAREL_EDGE_AUTH_TOKEN to a "
+    "read-write token (publish, migrate and workers write; status and doctor only read); nothing was changed"
+)
+
+
+def check_writable(settings: EdgeSettings, *, adopt: bool = False) -> None:
+    """Refuse, before anything is written, what must not be written to: a file that is not a
+    database or is another application's, a newer schema, and a read-only token."""
     if settings.profile in ("local", "replica"):
         check_usable(inspect_file(settings.db_path), settings.prefix, settings.db_path, adopt=adopt)
-    if settings.profile == "replica":
-        _probe(settings).close()
-    connection = EdgeConnection(settings)
+    if settings.profile == "local":
+        return
+    primary = _probe(settings)
     try:
-        check_usable(
-            database_facts(connection.execute),
-            settings.prefix,
-            settings.server or settings.db_path,
-            adopt=adopt,
-        )
-    except BaseException:
-        connection.close()
-        raise
-    return connection
+        facts = database_facts(primary.execute)
+        check_usable(facts, settings.prefix, settings.server or "", adopt=adopt)
+        if write_access(primary.execute, facts, settings.prefix) is False:
+            raise AuthError(READ_ONLY_TOKEN.format(where=settings.server))
+    finally:
+        primary.close()
+
+
+def open_for_writing(settings: EdgeSettings, *, adopt: bool = False) -> EdgeConnection:
+    """The profile's connection, after `check_writable`."""
+    check_writable(settings, adopt=adopt)
+    return EdgeConnection(settings)
 
 
 @dataclass
@@ -275,7 +286,6 @@ def open_for_reading(settings: EdgeSettings) -> Reader:
 # ---- publish --------------------------------------------------------------------------------------
 
 
-@app.command()
 @handled
 def publish(
     ctx: typer.Context,
@@ -291,8 +301,10 @@ def publish(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the published event as JSON."),
 ) -> None:
-    """Append an event to a group's queue. A group's first message fixes its priority and
-    routing key while the group has messages."""
+    """Append an event to a group's queue.
+
+    A group's first message fixes its priority and routing key for as long as the group has
+    messages. For a statechart, the group is the execution's id."""
     from harel.spec.states import Event  # noqa: PLC0415
 
     from harel_edge.transport import LibsqlTransport, Message  # noqa: PLC0415
@@ -391,15 +403,17 @@ def collect_status(settings: EdgeSettings, top: int = 10) -> dict[str, Any]:
     return report
 
 
-@app.command()
 @handled
 def status(
     ctx: typer.Context,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     groups: int = typer.Option(10, "--groups", min=0, help="How many of the deepest groups to list."),
 ) -> None:
-    """Queue depth by priority, routing key and group; in flight, parked, oldest message;
-    workflows ready, sleeping and claimed; a replica's lag and last sync. Reads only."""
+    """Show the queue, the workflows and a replica's lag.
+
+    Queue depth by priority, routing key and group; messages in flight and parked; the oldest
+    message; workflows ready, sleeping and claimed; a replica's last sync. Reads only: a read-only
+    token is enough."""
     report = collect_status(ctx.obj.settings(), top=groups)
     if as_json:
         print(json.dumps(report, indent=2, default=str))
@@ -448,7 +462,12 @@ def status(
             )
         out.print(deepest)
     workflows = report.get("workflows")
-    if workflows is not None:
+    if workflows is not None and not workflows["namespaces"]:
+        out.print(
+            f"workflows: none queued ({workflows['finished']} finished, {workflows['claimed']} claimed now)",
+            markup=False,
+        )
+    elif workflows is not None:
         table = Table(
             title=f"workflows ({workflows['finished']} finished, {workflows['claimed']} claimed now)"
         )
@@ -501,7 +520,6 @@ def migration_script(prefix: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-@app.command()
 @handled
 def migrate(
     ctx: typer.Context,
@@ -510,8 +528,10 @@ def migrate(
         False, "--adopt", help="Add harel_edge's tables to a database that holds other applications' tables."
     ),
 ) -> None:
-    """Create or upgrade harel_edge's tables (idempotent; safe while workers run). A database
-    written by a newer harel_edge is refused."""
+    """Create or upgrade the schema.
+
+    Idempotent and safe while workers run. A database written by a newer harel_edge is refused.
+    With --print-sql, print the schema for a migration tool and touch nothing."""
     settings = ctx.obj.settings()
     if print_sql:
         sys.stdout.write(migration_script(settings.prefix))
@@ -534,12 +554,13 @@ def migrate(
 # ---- config ---------------------------------------------------------------------------------------
 
 
-@config_app.command("show")
 @handled
 def config_show(
     ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")
 ) -> None:
-    """The settings in effect, after the environment, .env and the options; the token redacted."""
+    """Show the settings in effect, the token redacted.
+
+    After the environment, the env file and the global options, in that order of precedence."""
     values = ctx.obj.settings().redacted()
     if as_json:
         print(json.dumps(values, indent=2, default=str))
@@ -557,56 +578,80 @@ def config_show(
 
 
 def diagnose(settings: EdgeSettings) -> list[Check]:
-    """Doctor's checks, in the order a problem should be fixed; later checks skip when an
-    earlier one makes them meaningless."""
+    """Doctor's checks, in the order a problem should be fixed; a check that an earlier failure
+    makes meaningless is not run."""
     checks = [Check("configuration", "ok", settings_summary(settings))]
     facts = None
     if settings.profile in ("local", "replica"):
         label = "database file" if settings.profile == "local" else "replica file"
         try:
             local = inspect_file(settings.db_path)
-            if not local.exists:
-                level = "warn" if settings.profile == "local" else "ok"
-                detail = f"{settings.db_path} does not exist yet"
-                fix = "run `harel-edge migrate` or start a worker" if settings.profile == "local" else ""
-                checks.append(Check(label, level, detail, fix))  # type: ignore[arg-type]
-            else:
-                check_usable(local, settings.prefix, settings.db_path)
-                result = quick_check(settings.db_path)
-                if result != "ok":
-                    checks.append(
-                        Check(label, "fail", f"{settings.db_path}: {result}", "restore it from a backup")
-                    )
-                else:
-                    checks.append(Check(label, "ok", f"{settings.db_path} reads cleanly (quick_check)"))
-                if settings.profile == "local":
-                    facts = local
         except HarelEdgeError as exc:
-            checks.append(Check(label, "fail", str(exc).split(":")[0], str(exc)))
+            checks.append(Check(label, "fail", f"{settings.db_path} cannot be used", str(exc)))
+            return checks
+        if not local.exists:
             if settings.profile == "local":
+                checks.append(
+                    Check(
+                        label,
+                        "warn",
+                        f"{settings.db_path} does not exist yet",
+                        "run `harel-edge migrate` or start a worker",
+                    )
+                )
                 return checks
+            checks.append(Check(label, "ok", f"{settings.db_path} does not exist yet: a worker creates it"))
+        else:
+            try:
+                check_usable(local, settings.prefix, settings.db_path)
+            except HarelEdgeError as exc:
+                checks.append(Check(label, "fail", f"{settings.db_path} cannot be used", str(exc)))
+                return checks
+            result = quick_check(settings.db_path)
+            if result != "ok":
+                checks.append(
+                    Check(
+                        label, "fail", f"{settings.db_path} is damaged: {result}", "restore it from a backup"
+                    )
+                )
+                return checks
+            checks.append(Check(label, "ok", f"{settings.db_path} reads cleanly (quick_check)"))
+            if settings.profile == "local":
+                facts = local
     if settings.profile != "local":
         server = settings.server
+        started = time.monotonic()
         try:
-            started = time.monotonic()
             primary = _probe(settings)
-        except (AuthError, PrimaryUnavailableError) as exc:
-            name = "auth" if isinstance(exc, AuthError) else "connectivity"
-            if name == "auth":
-                checks.append(Check("connectivity", "ok", f"{server} answers"))
-            checks.append(Check(name, "fail", _first_clause(str(exc)), str(exc)))
+        except PrimaryUnavailableError as exc:
+            checks.append(Check("connectivity", "fail", f"cannot reach {server}", tidy(str(exc))))
+            return checks
+        except AuthError as exc:
+            checks.append(Check("connectivity", "ok", f"{server} answers"))
+            checks.append(Check("auth", "fail", "the primary refused the token", tidy(str(exc))))
             return checks
         try:
-            checks.append(
-                Check(
-                    "connectivity",
-                    "ok",
-                    f"{server} answers ({(time.monotonic() - started) * 1000:.0f} ms to connect)",
-                )
-            )
+            connect_ms = (time.monotonic() - started) * 1000
+            checks.append(Check("connectivity", "ok", f"{server} answers ({connect_ms:.0f} ms to connect)"))
             facts = database_facts(primary.execute)
-            checks.append(_write_access(primary, settings, facts))
             skew, rtt = clock_skew(primary.execute)
+            allowed = write_access(primary.execute, facts, settings.prefix)
+            if allowed is None:
+                checks.append(
+                    Check("auth", "ok", "the token is accepted (write access not checked: no tables yet)")
+                )
+            elif allowed:
+                checks.append(Check("auth", "ok", "the token may read and write"))
+            else:
+                checks.append(
+                    Check(
+                        "auth",
+                        "fail",
+                        "the token is read-only",
+                        "workers, publish and migrate need a read-write token: set HAREL_EDGE_AUTH_TOKEN "
+                        "to one (status and doctor work with a read-only token)",
+                    )
+                )
             checks.append(skew_check(skew, rtt))
         finally:
             primary.close()
@@ -615,38 +660,10 @@ def diagnose(settings: EdgeSettings) -> list[Check]:
             check_usable(facts, settings.prefix, settings.server or settings.db_path)
             checks.append(schema_check(facts, settings.prefix))
         except HarelEdgeError as exc:
-            checks.append(Check("schema version", "fail", _first_clause(str(exc)), str(exc)))
+            checks.append(Check("schema version", "fail", "the database cannot be used", str(exc)))
     if settings.profile == "replica":
         checks.append(_sync_health(settings))
     return checks
-
-
-def _first_clause(text: str) -> str:
-    return text.split(": ", 1)[0] if ": " in text else text
-
-
-def _write_access(primary: EdgeConnection, settings: EdgeSettings, facts: Any) -> Check:
-    """Whether the token may write, found with a write that changes nothing."""
-    from harel_edge.schema import EdgeNames  # noqa: PLC0415
-
-    if not facts.has_schema(settings.prefix):
-        return Check(
-            "auth", "ok", "the token is accepted (write access not checked: no harel_edge tables yet)"
-        )
-    try:
-        primary.execute(f"DELETE FROM {EdgeNames(settings.prefix).messages} WHERE 0")
-    except ValueError as exc:
-        primary.reopen()  # sqld drops the stream after refusing a statement
-        if isinstance(explain_connect_error(settings, exc), AuthError):
-            return Check(
-                "auth",
-                "fail",
-                "the token is read-only",
-                "workers, publish and migrate need a read-write token: set HAREL_EDGE_AUTH_TOKEN to one "
-                "(status and doctor work with a read-only token)",
-            )
-        raise
-    return Check("auth", "ok", "the token may read and write")
 
 
 def _sync_health(settings: EdgeSettings) -> Check:
@@ -671,14 +688,13 @@ def _sync_health(settings: EdgeSettings) -> Check:
     return Check("sync health", "ok", detail)
 
 
-@app.command()
 @handled
 def doctor(
     ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON.")
 ) -> None:
-    """Check connectivity, credentials, the database and its schema version, clock skew against
-    the primary and a replica's sync health; say what to do about each problem. Exits 1 if a
-    check failed. Writes nothing."""
+    """Check connectivity, credentials, schema, clock skew and sync health.
+
+    Each problem comes with what to do about it. Exits 1 if a check failed. Writes nothing."""
     checks = diagnose(ctx.obj.settings())
     failed = any(c.level == "fail" for c in checks)
     if as_json:
@@ -696,16 +712,18 @@ def doctor(
 # ---- worker ---------------------------------------------------------------------------------------
 
 
-@app.command()
 @handled
 def worker(
     ctx: typer.Context,
     definitions: str | None = typer.Option(
         None, "--definitions", "-D", help="A directory of .stm statechart definitions to run."
     ),
-    workflow: list[str] = typer.Option(
-        [], "--workflow", "-w", help="A durable workflow to run: [namespace=]module:function (repeatable)."
-    ),
+    workflow: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--workflow", "-w", help="A durable workflow to run: [namespace=]module:function (repeatable)."
+        ),
+    ] = None,
     processes: int = typer.Option(1, "--processes", "-n", min=1, max=64, help="Worker processes to run."),
     concurrency: int = typer.Option(
         32, "--concurrency", min=1, help="Statechart events in flight per process."
@@ -724,15 +742,18 @@ def worker(
         False, "--adopt", help="Accept a database holding other applications' tables."
     ),
 ) -> None:
-    """Run harel's worker on this transport and the durable-workflow loop until SIGTERM or
-    SIGINT, then finish or give back what it holds and exit 0."""
+    """Run an edge worker: statecharts and durable workflows.
+
+    harel's worker on this transport (the .stm machines in --definitions) and the durable-workflow
+    loop (each --workflow), until SIGTERM or SIGINT; then it finishes or gives back what it holds
+    and exits 0."""
     from harel_edge.worker import WorkerOptions, load_definitions, parse_workflow, run_processes, serve  # noqa: PLC0415
 
     g: Globals = ctx.obj
     settings = g.settings(**({"metrics_port": metrics_port} if metrics_port is not None else {}))
     options = WorkerOptions(
         definitions_dir=definitions,
-        workflows=tuple(parse_workflow(w) for w in workflow),
+        workflows=tuple(parse_workflow(w) for w in workflow or ()),
         concurrency=concurrency,
         poll=poll,
         grace=grace,
@@ -742,10 +763,8 @@ def worker(
     load_definitions(definitions)  # a bad directory or machine fails here, before any process starts
     for spec in options.workflows:
         spec.load()
-    if settings.profile in ("local", "replica"):
-        check_usable(inspect_file(settings.db_path), settings.prefix, settings.db_path, adopt=adopt)
-    if settings.profile != "local":
-        _probe(settings).close()  # a refused token or an unreachable primary fails now, clearly
+    # A foreign file, a refused or read-only token, an unreachable primary: fail now, clearly.
+    check_writable(settings, adopt=adopt)
     if processes == 1:
         report = serve(settings, options)
         if report.error:
@@ -759,7 +778,6 @@ def worker(
 # ---- demo -----------------------------------------------------------------------------------------
 
 
-@app.command()
 @handled
 def demo(
     db: str | None = typer.Option(
@@ -770,9 +788,11 @@ def demo(
     keep: bool = typer.Option(False, "--keep", help="Keep the temporary directory and print where it is."),
     timeout: float = typer.Option(60.0, "--timeout", min=1.0, help="Give up after this many seconds."),
 ) -> None:
-    """The main job on the local profile, self-contained: events for several groups with
-    priorities and routing keys, a sample statechart and a sample durable workflow, processed
-    by two worker processes. Ignores HAREL_EDGE_* settings."""
+    """Run the whole job on this machine, in seconds.
+
+    On the local profile, in a temporary directory: events for several groups with priorities
+    and routing keys, a sample statechart and a sample durable workflow, processed by two worker
+    processes; then a summary. Ignores HAREL_EDGE_* settings."""
     from harel_edge.examples.demo import run_demo  # noqa: PLC0415
 
     workdir = None if db else Path(tempfile.mkdtemp(prefix="harel-edge-demo-"))
@@ -838,7 +858,13 @@ def reference_markdown() -> str:
     return "\n".join(parts)
 
 
-@app.command("reference", hidden=True)
 def reference() -> None:
     """Print docs/cli.md."""
     sys.stdout.write(reference_markdown())
+
+
+# Registered here, in the order `--help` lists them: the README's first command first.
+for _command in (demo, worker, publish, status, migrate, doctor):
+    app.command()(_command)
+config_app.command("show")(config_show)
+app.command("reference", hidden=True)(reference)

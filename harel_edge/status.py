@@ -12,7 +12,6 @@ Times are the database's clock (`schema.DB_NOW`), the one leases are decided by.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -53,7 +52,14 @@ class DatabaseFacts:
 
 
 def database_facts(execute: Execute) -> DatabaseFacts:
-    version = int(execute("PRAGMA user_version")[0][0])
+    """The schema version and the tables, with reads only.
+
+    `pragma_user_version` rather than `PRAGMA user_version`: sqld treats every PRAGMA
+    statement as a write, and with a read-only token answers it with a broken response
+    ("unexpected EOF during chunk size line", measured on sqld 0.24.32), where the
+    table-valued form is an ordinary read.
+    """
+    version = int(execute("SELECT user_version FROM pragma_user_version")[0][0])
     tables = [row[0] for row in execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
     return DatabaseFacts(True, version, tables)
 
@@ -316,11 +322,33 @@ def settings_summary(settings: EdgeSettings) -> str:
     return f"profile {settings.profile} at {where}"
 
 
-def file_age(path: str) -> float | None:
-    try:
-        return time.time() - os.stat(path).st_mtime
-    except OSError:
+def write_access(execute: Execute, facts: DatabaseFacts, prefix: str) -> bool | None:
+    """Whether the credentials may write, found with a write that changes nothing.
+
+    True or False; None when it cannot be told without changing something (no harel_edge
+    table to aim at). sqld refuses a read-only token's write with 403 before running it.
+    Raises what is not an authorization failure. After a refusal sqld drops the stream, so a
+    remote caller must reopen its connection.
+    """
+    if not facts.has_schema(prefix):
         return None
+    try:
+        execute(f"DELETE FROM {EdgeNames(prefix).messages} WHERE 0")
+    except ValueError as exc:
+        text = str(exc).lower()
+        if "403" in text or "forbidden" in text or "permissiondenied" in text.replace(" ", ""):
+            return False
+        raise
+    return True
+
+
+def tidy(text: str) -> str:
+    """A driver message without the gRPC metadata dump a replica's errors carry."""
+    for marker in (", details: [", " details: [", ", metadata: MetadataMap"):
+        cut = text.find(marker)
+        if cut != -1:
+            text = text[:cut] + "`"
+    return text
 
 
 def raise_missing(path: str) -> None:

@@ -283,9 +283,9 @@ class _MeteredDurableWorker(DurableWorker):
 
 
 def open_connection(settings: EdgeSettings) -> EdgeConnection:
-    """Open the profile's connection, retrying while the primary is unreachable (a replica
-    cannot even be opened then), under the settings' retry policy."""
-    return retry.call_with_retry(settings, "connect", lambda: EdgeConnection(settings))
+    """Open the profile's connection. `EdgeConnection` retries while the primary is
+    unreachable (a replica cannot even be opened then), under the settings' retry policy."""
+    return EdgeConnection(settings)
 
 
 def prepare(connection: EdgeConnection, *, migrate: bool, adopt: bool = False) -> int:
