@@ -1,0 +1,320 @@
+"""Exactly-once steps under SIGKILL: worker processes die inside `transact`, and on sqld the
+primary is paused and killed as well; every effect must still have happened exactly once.
+
+The workload: WORKFLOWS workflows of STEPS steps each; every step is a `ctx.transact` whose
+effect inserts one row into `chaos_effects` (no unique constraint: a second execution would
+show as a second row). Worker processes (spawned, as a libsql connection must not cross a
+fork) run `DurableWorker`s; some kill themselves with SIGKILL inside a step (before the
+effect's write, after it, or a few milliseconds later from a timer, which lands in the
+record, the COMMIT or just after it), and the test kills others from outside at random
+moments. Dead workers are replaced. At the end, every workflow must be finished and every
+(workflow, step) must have exactly one effect row and one record.
+
+Each run prints its counts (pytest -s shows them) and the assertion messages carry them too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import multiprocessing
+import os
+import random
+import signal
+import socket
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import libsql
+import pytest
+
+from harel_edge.settings import EdgeSettings
+
+WORKFLOWS = 50
+STEPS = 12  # 600 steps in all
+WORKERS = 3
+NAMESPACE = "chaos"
+ALIVE = timedelta(seconds=1)
+LEASE = timedelta(seconds=1.5)
+DEADLINE = 420.0  # seconds: a hang guard for the whole run, not a timing assertion
+
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
+
+
+# ---- the worker process ----------------------------------------------------------------------
+
+
+def worker_main(settings: dict, seed: int, kill_rate: float, kills_log: str) -> None:
+    """A worker process: run passes until killed."""
+    logging.basicConfig(level=logging.ERROR)
+    asyncio.run(_work(EdgeSettings(**settings), random.Random(seed), kill_rate, kills_log))
+
+
+async def _work(settings: EdgeSettings, rng: random.Random, kill_rate: float, kills_log: str) -> None:
+    from harel_edge.durable import LibsqlCheckpointer, LibsqlDurable, LibsqlScheduler, connect
+    from harel_edge.durable.runtime import DurableWorker
+
+    database = connect(settings)
+    durable = LibsqlDurable(
+        LibsqlCheckpointer(database),
+        LibsqlScheduler(database, namespace=NAMESPACE, lease=LEASE, poll=timedelta(milliseconds=50)),
+    )
+
+    def die(point: str) -> None:
+        with open(kills_log, "a") as log:
+            log.write(point + "\n")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def effect_of(workflow: str, step: str):  # noqa: ANN202
+        def effect(tx):  # noqa: ANN001, ANN202
+            roll = rng.random() / kill_rate if kill_rate else 1.0
+            if roll < 1 / 3:
+                die("before the effect's write")
+            if roll < 2 / 3:
+                with open(kills_log, "a") as log:
+                    log.write("timer: record, COMMIT or just after\n")
+                threading.Timer(rng.uniform(0, 0.005), os.kill, (os.getpid(), signal.SIGKILL)).start()
+            tx.execute(
+                "INSERT INTO chaos_effects (workflow, step, pid) VALUES (?, ?, ?)",
+                (workflow, step, os.getpid()),
+            )
+            if roll < 1:
+                die("after the effect's write, before the record")
+            return step
+
+        return effect
+
+    async def flow(ctx) -> int:  # noqa: ANN001
+        for index in range(STEPS):
+            await ctx.transact(f"step-{index}", effect_of(ctx.workflow, f"step-{index}"))
+        return STEPS
+
+    worker = DurableWorker(
+        durable, flow, budget=timedelta(minutes=2), alive=ALIVE, busy_retry=timedelta(milliseconds=200)
+    )
+    await worker.run()
+
+
+# ---- the parent ------------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    started: int = 0
+    self_kills: int = 0
+    killed_by_test: int = 0
+    other_exits: list = field(default_factory=list)
+    primary_pauses: int = 0
+    primary_kills: int = 0
+    kill_points: dict = field(default_factory=dict)
+
+
+def _read(settings: EdgeSettings, sql: str) -> list[tuple]:
+    """One query on a fresh connection (a remote one may have died with the primary)."""
+    if settings.profile == "local":
+        with sqlite3.connect(settings.db_path, timeout=30) as conn:
+            return conn.execute(sql).fetchall()
+    conn = libsql.connect(settings.url, auth_token=settings.auth_token.get_secret_value())
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
+
+
+def _finished(settings: EdgeSettings) -> int | None:
+    try:
+        return _read(settings, "SELECT count(*) FROM workflow_checkpoint WHERE step = '$result'")[0][0]
+    except Exception:  # noqa: BLE001 - the primary may be down right now
+        return None
+
+
+def run_chaos(
+    settings: EdgeSettings,
+    tmp_path: Path,
+    *,
+    kill_rate: float,
+    outside_kills: tuple[float, float],
+    primary=None,  # noqa: ANN001
+) -> dict:
+    """Run the workload to completion under faults; return the counts.
+
+    `outside_kills` is the range of seconds between two workers killed by the test.
+    """
+    from harel_edge.durable import LibsqlScheduler, connect, migrate
+
+    async def prepare() -> None:
+        database = connect(settings)
+        await migrate(database)
+        await database.run(
+            lambda c: c.execute(
+                "CREATE TABLE IF NOT EXISTS chaos_effects (id INTEGER PRIMARY KEY, workflow TEXT, step TEXT, pid INT)"
+            )
+        )
+        scheduler = LibsqlScheduler(database, namespace=NAMESPACE)
+        for index in range(WORKFLOWS):
+            await scheduler.make_ready(f"chaos-{index:03d}")
+        await database.aclose()
+
+    asyncio.run(prepare())
+    rng = random.Random(20311)
+    context = multiprocessing.get_context("spawn")
+    kills_log = str(tmp_path / "kills.log")
+    payload = settings.model_dump() | {
+        "auth_token": settings.auth_token.get_secret_value() if settings.auth_token else None
+    }
+    tally = Tally()
+    workers: dict[int, multiprocessing.Process] = {}
+
+    def spawn(slot: int) -> None:
+        process = context.Process(
+            target=worker_main, args=(payload, rng.randrange(2**32), kill_rate, kills_log), daemon=True
+        )
+        process.start()
+        workers[slot] = process
+        tally.started += 1
+
+    for slot in range(WORKERS):
+        spawn(slot)
+    began = time.monotonic()
+    next_outside_kill = began + rng.uniform(*outside_kills)
+    faults_on_primary = ["pause", "kill", "pause"] if primary is not None else []
+    try:
+        while True:
+            done = _finished(settings)
+            if done == WORKFLOWS:
+                break
+            assert time.monotonic() - began < DEADLINE, (
+                f"not finished after {DEADLINE} s: {done} of {WORKFLOWS}"
+            )
+            for slot, process in list(workers.items()):
+                if not process.is_alive():
+                    process.join()
+                    if process.exitcode == -signal.SIGKILL:
+                        tally.self_kills += 1
+                    else:
+                        tally.other_exits.append(process.exitcode)
+                    spawn(slot)
+            now = time.monotonic()
+            if now >= next_outside_kill:
+                slot = rng.randrange(WORKERS)
+                if workers[slot].is_alive():
+                    os.kill(workers[slot].pid, signal.SIGKILL)
+                    workers[slot].join()
+                    tally.killed_by_test += 1
+                    spawn(slot)
+                next_outside_kill = now + rng.uniform(*outside_kills)
+            # Faults on the primary, spread over the run: at 20 %, 45 % and 70 % of the work.
+            if (
+                faults_on_primary
+                and done is not None
+                and done >= WORKFLOWS * (0.2 + 0.25 * tally_faults(tally))
+            ):
+                fault = faults_on_primary.pop(0)
+                if fault == "pause":
+                    primary.pause()
+                    time.sleep(rng.uniform(1.0, 3.0))  # the fault's duration
+                    primary.resume()
+                    tally.primary_pauses += 1
+                else:
+                    primary.kill()
+                    primary.restart()
+                    tally.primary_kills += 1
+            time.sleep(0.1)  # the supervisor's own pace
+    finally:
+        for process in workers.values():
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGKILL)
+            process.join()
+
+    points = Path(kills_log).read_text().splitlines() if Path(kills_log).exists() else []
+    tally.kill_points = {point: points.count(point) for point in sorted(set(points))}
+    effects = _read(settings, "SELECT workflow, step, count(*) FROM chaos_effects GROUP BY workflow, step")
+    records = {
+        (workflow, step)
+        for workflow, step in _read(
+            settings,
+            "SELECT workflow, step FROM workflow_checkpoint WHERE step LIKE 'step-%' AND workflow LIKE 'chaos-%'",
+        )
+    }
+    counts = {(workflow, step): n for workflow, step, n in effects}
+    expected = {(f"chaos-{w:03d}", f"step-{s}") for w in range(WORKFLOWS) for s in range(STEPS)}
+    summary = {
+        "profile": settings.profile,
+        "steps": len(expected),
+        "effects exactly once": sum(1 for key in expected if counts.get(key) == 1),
+        "effects missing": sorted(key for key in expected if key not in counts)[:10],
+        "effects doubled": sorted(key for key, n in counts.items() if n > 1)[:10],
+        "effects without a record": sorted(key for key in counts if key not in records)[:10],
+        "records without an effect": sorted(key for key in records if key not in counts)[:10],
+        "workers started": tally.started,
+        "workers killed inside transact (by themselves)": tally.self_kills,
+        "workers killed from outside": tally.killed_by_test,
+        "workers exited otherwise": tally.other_exits,
+        "kill points scheduled": tally.kill_points,
+        "primary paused": tally.primary_pauses,
+        "primary killed and restarted": tally.primary_kills,
+        "seconds": round(time.monotonic() - began, 1),
+    }
+    print("\nchaos summary:", json.dumps(summary, indent=1, default=str))
+    return summary
+
+
+def start_primary():  # noqa: ANN201
+    """A sqld primary (auth on) on loopback ports in the range this project's tests may use."""
+    from harel_edge.testing import SqldStartError, SqldUnavailable, start_sqld_primary
+    from harel_edge.testing.fixtures import sqld_unavailable
+
+    def free_port(low: int) -> int:
+        for port in range(low, 18300):
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+        raise RuntimeError("no free port below 18300")
+
+    http = free_port(18250)
+    try:
+        return start_sqld_primary(http_port=http, grpc_port=free_port(http + 1))
+    except (SqldUnavailable, SqldStartError, ImportError) as exc:
+        sqld_unavailable(str(exc))
+
+
+def tally_faults(tally: Tally) -> int:
+    return tally.primary_pauses + tally.primary_kills
+
+
+def _assert_exactly_once(summary: dict) -> None:
+    assert summary["effects exactly once"] == summary["steps"], summary
+    assert not summary["effects missing"] and not summary["effects doubled"], summary
+    assert not summary["effects without a record"] and not summary["records without an effect"], summary
+    assert summary["workers killed inside transact (by themselves)"] >= 10, summary  # the faults happened
+
+
+def test_every_effect_happens_exactly_once_when_workers_are_killed_inside_transact_on_a_local_file(
+    tmp_path,
+) -> None:  # noqa: ANN001
+    settings = EdgeSettings(db_path=str(tmp_path / "chaos.db"))
+    _assert_exactly_once(run_chaos(settings, tmp_path, kill_rate=0.04, outside_kills=(0.5, 2.0)))
+
+
+@pytest.mark.sqld
+def test_every_effect_happens_exactly_once_on_sqld_with_workers_killed_and_the_primary_paused_and_killed(
+    tmp_path,  # noqa: ANN001
+) -> None:
+    server = start_primary()
+    try:
+        settings = EdgeSettings(profile="sqld", url=server.http_url, auth_token=server.rw_token)
+        # Fewer kills from outside than locally: a worker killed inside a transaction leaves it
+        # holding sqld's write lock until sqld aborts it (5 s), and every writer waits meanwhile.
+        summary = run_chaos(settings, tmp_path, kill_rate=0.03, outside_kills=(2.0, 4.0), primary=server)
+        _assert_exactly_once(summary)
+        assert summary["primary paused"] == 2 and summary["primary killed and restarted"] == 1, summary
+    finally:
+        server.close()
