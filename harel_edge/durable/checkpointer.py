@@ -12,8 +12,8 @@ writer waits, and which leaves ambiguous commits behind on a flaky link). Where 
 must write two tables, it inserts into a view whose INSTEAD OF trigger does the writes
 (`harel_edge.schema.durable_writes`), and its RETURNING clause reports the outcome.
 
-Deadlines (budget, liveness) are computed by the database's clock, `unixepoch('subsec')`
-inside the statement: on sqld and replica that is the primary's clock, one clock for every
+Deadlines (budget, liveness) are computed by the database's clock (`schema.DB_NOW`, evaluated
+inside the statement): on sqld and replica that is the primary's clock, one clock for every
 worker. Pass `now=` to use another clock (tests drive time this way on the local profile).
 
 Workflow ids are bound as parameters and never parsed: any string is an id.
@@ -41,10 +41,11 @@ from harel_edge.durable.types import (
     from_seconds,
     to_seconds,
 )
+from harel_edge.schema import DB_NOW
 
 # Every statement gets the current time as one parameter: a number from an injected clock, or
 # NULL for the database's own. `t.now` is then one value for the whole statement.
-_NOW = "(SELECT COALESCE(?{n}, unixepoch('subsec')) AS now) AS t"
+_NOW = "(SELECT COALESCE(?{n}, " + DB_NOW + ") AS now) AS t"
 
 
 def _now(n: int) -> str:

@@ -175,4 +175,6 @@ async def migrate(database: Database) -> int:
     written by a newer harel_edge is refused with `SchemaTooNewError` before anything changes.
     """
     prefix = database.connection.settings.prefix
-    return await database.call("durable.migrate", lambda connection: schema.migrate(connection.execute, prefix))
+    return await database.call(
+        "durable.migrate", lambda connection: schema.migrate(connection.execute, prefix)
+    )

@@ -25,8 +25,9 @@ from datetime import datetime, timedelta
 
 from harel_edge.durable.database import Database, migrate
 from harel_edge.durable.types import LEASE, POLL, Delivery, to_seconds
+from harel_edge.schema import DB_NOW
 
-_NOW = "(SELECT COALESCE(?{n}, unixepoch('subsec')) AS now) AS t"
+_NOW = "(SELECT COALESCE(?{n}, " + DB_NOW + ") AS now) AS t"
 
 # A take's visibility gets a random fraction of a millisecond (in steps of 2**-22 s, the
 # resolution of a double near today's unix time) because the database clock ticks in whole
@@ -34,8 +35,8 @@ _NOW = "(SELECT COALESCE(?{n}, unixepoch('subsec')) AS now) AS t"
 # receipt, and the older delivery would pass for the newer.
 _JITTER = "(abs(random()) % 4096) * 2.384185791015625e-07"
 
-_MAKE_READY = """
-INSERT INTO workflow_queue (namespace, workflow, visible_at) VALUES (?1, ?2, COALESCE(?3, unixepoch('subsec')))
+_MAKE_READY = f"""
+INSERT INTO workflow_queue (namespace, workflow, visible_at) VALUES (?1, ?2, COALESCE(?3, {DB_NOW}))
 ON CONFLICT (namespace, workflow) DO UPDATE SET visible_at = MIN(visible_at, excluded.visible_at)
 """
 

@@ -6,7 +6,7 @@ that could be edited afterwards would stop describing what the database said.
 
 Times cross this boundary as timezone-aware `datetime`s and durations as `timedelta`s; inside
 the database they are REAL unix seconds, so that SQL can compare them and the primary's own
-clock (`unixepoch('subsec')`) can be used where several machines must agree.
+clock (`harel_edge.schema.DB_NOW`) can be used where several machines must agree.
 """
 
 from __future__ import annotations
