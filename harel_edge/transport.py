@@ -30,7 +30,6 @@ a publish is looked up by its event before it is sent again.
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ import structlog
 from harel.engine.schema import DEFAULT_PREFIX
 from harel.engine.transport import Lease
 from harel.spec.states import Event
+from pydantic_core import from_json
 
 from harel_edge import observability, retry, schema
 from harel_edge.connection import EdgeConnection
@@ -357,6 +357,6 @@ def _row(item: Message | tuple) -> tuple:
 
 def _lease(row: tuple, token: str) -> Lease:
     seq, group_id, event = row
-    # json.loads, not model_validate_json: pydantic-core caches the strings it parses from JSON,
-    # and every event id is new, so a long-running worker's heap would grow with that cache.
-    return Lease(int(seq), group_id, Event.model_validate(json.loads(event)), token=token)
+    # Not model_validate_json: it caches the strings it parses, and every event id is new, so a
+    # long-running worker's heap would grow with that cache. from_json without it is as fast.
+    return Lease(int(seq), group_id, Event.model_validate(from_json(event, cache_strings=False)), token=token)
