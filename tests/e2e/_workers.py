@@ -31,6 +31,8 @@ actually saw.
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import signal
 import sys
 import time
@@ -122,6 +124,65 @@ class PrimaryLog:
 
     def close(self) -> None:
         self._conn.close()
+
+
+LOG_COLUMNS = "id, worker, kind, seq, group_id, message, claimed_at, held, at"
+
+
+def read_log(conn: EdgeConnection) -> list[tuple]:
+    """The whole log in the primary's commit order, as `LOG_COLUMNS`."""
+    return conn.execute(f"SELECT {LOG_COLUMNS} FROM {LOG_TABLE} ORDER BY id")
+
+
+def replay_log(rows: list[tuple], published: dict[str, tuple[str, int]]) -> dict[str, Any]:
+    """What the log shows about `published` (event id -> (group, index in the group)).
+
+    duplicates: extra starts of a message; lost: messages never started or never ended;
+    unknown: started messages nobody published; overlaps: starts of a group while one of its
+    windows was open; out_of_order_groups: groups whose messages started out of publish order;
+    unheld: rows written while the primary did not have the message leased to that claim;
+    fairness_spread: the largest gap, at any point, between the groups with the most and the
+    fewest completed messages; first_group_done_at: completions before the first group drained.
+    """
+    groups = {group for group, _ in published.values()}
+    starts: dict[str, int] = dict.fromkeys(published, 0)
+    ends: dict[str, int] = dict.fromkeys(published, 0)
+    unknown = 0
+    open_by_group: dict[str, str] = {}
+    overlaps = 0
+    order: dict[str, list[int]] = {group: [] for group in groups}
+    completed = dict.fromkeys(groups, 0)
+    remaining = {group: sum(1 for g, _ in published.values() if g == group) for group in groups}
+    spread, done_at, total_done = 0, None, 0
+    for _id, _worker, kind, _seq, group_id, message, _claimed_at, _held, _at in rows:
+        if message not in published:
+            unknown += kind == "start"
+            continue
+        if kind == "start":
+            starts[message] += 1
+            overlaps += group_id in open_by_group
+            open_by_group[group_id] = message
+            order[group_id].append(published[message][1])
+        elif kind == "end":
+            ends[message] += 1
+            if open_by_group.get(group_id) == message:
+                del open_by_group[group_id]
+            completed[group_id] += 1
+            total_done += 1
+            spread = max(spread, max(completed.values()) - min(completed.values()))
+            remaining[group_id] -= 1
+            if remaining[group_id] == 0 and done_at is None:
+                done_at = total_done
+    return {
+        "duplicates": sum(n - 1 for n in starts.values() if n > 1),
+        "lost": sum(1 for m in published if starts[m] == 0 or ends[m] == 0),
+        "unknown": unknown,
+        "overlaps": overlaps,
+        "out_of_order_groups": sorted(g for g, seen in order.items() if seen != sorted(seen)),
+        "unheld": sum(1 for row in rows if row[1] and row[2] in ("start", "end") and row[7] != 1),
+        "fairness_spread": spread,
+        "first_group_done_at": done_at,
+    }
 
 
 def process(lease: Lease) -> int:
@@ -292,6 +353,10 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     settings = EdgeSettings.load()
+    if not os.environ.get("HAREL_EDGE_WORKER_ID"):
+        # The default (hostname-pid) is the same in every container of a scaled service on the
+        # host network: same hostname, pid 1. A suffix keeps the log's workers apart.
+        settings = settings.model_copy(update={"worker_id": f"{settings.worker_id}-{secrets.token_hex(3)}"})
     transport = LibsqlTransport.from_settings(settings)
     log = PrimaryLog(settings, settings.worker_id, settings.visibility)
     print(f"worker {settings.worker_id}: {transport!r} ready", flush=True)

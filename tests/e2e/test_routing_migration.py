@@ -16,7 +16,7 @@ with auth on its remote mode is refused (401) and the replica mode is the one th
 from __future__ import annotations
 
 import multiprocessing
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -78,14 +78,6 @@ def publish_routed(primary: SqldServer) -> dict[str, tuple[str, int, str]]:
     publisher.publish_many(batch)
     publisher.close()
     return published
-
-
-def fifo_violations(rows: list[tuple], index_of: dict[str, int]) -> list[str]:
-    order: dict[str, list[int]] = defaultdict(list)
-    for _id, _worker, kind, group_id, message in rows:
-        if kind == "start" and message in index_of:
-            order[group_id].append(index_of[message])
-    return sorted(group for group, seen in order.items() if seen != sorted(seen))
 
 
 @pytest.mark.parametrize("interleaving", ["as-scheduled", "both-read-before-either-writes"])
@@ -179,15 +171,17 @@ def test_two_replica_workers_upgrade_a_harel_09_queue_on_the_primary_at_once_and
         assert len(alters) == len(WORKERS)
     starts = sorted(report["at"] for (_w, phase), report in reports.items() if phase == "started")
 
-    rows = conn.execute(f"SELECT id, worker, kind, group_id, message FROM {_workers.LOG_TABLE} ORDER BY id")
-    started = Counter(row[4] for row in rows if row[2] == "start")
-    # Old messages: each processed once, in order within its group.
-    assert {message: started[message] for message in old} == dict.fromkeys(old, 1)
-    assert fifo_violations(rows, {m: idx for m, (_g, idx) in old.items()}) == []
-    # Routed messages: each processed once, in order, and only by the worker of its key.
-    assert {message: started[message] for message in routed} == dict.fromkeys(routed, 1)
-    assert fifo_violations(rows, {m: idx for m, (_g, idx, _k) in routed.items()}) == []
-    for _id, worker, kind, _group, message in rows:
+    rows = _workers.read_log(conn)
+    # Old messages: each processed once, in order within its group, the lease live throughout.
+    old_found = _workers.replay_log(rows, old)
+    # Routed messages: the same, and each only by the worker of its key.
+    routed_found = _workers.replay_log(
+        rows, {m: (group, index) for m, (group, index, _key) in routed.items()}
+    )
+    for found in (old_found, routed_found):
+        assert (found["duplicates"], found["lost"], found["overlaps"], found["unheld"]) == (0, 0, 0, 0)
+        assert found["out_of_order_groups"] == []
+    for _id, worker, kind, _seq, _group, message, *_ in rows:
         if kind == "start" and message in routed:
             assert worker == f"edge-{routed[message][2]}"
     assert conn.execute("SELECT count(*) FROM harel_transport_messages")[0][0] == 0
