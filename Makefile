@@ -43,7 +43,7 @@ sqld-binary:
 sqld-image: docker sqld-binary
 	bash sqld/build-image.sh
 
-up: sqld-image
+up: $(STAMP) sqld-image
 	bash compose/up.sh
 
 down:
