@@ -117,8 +117,17 @@ def inspect_file(path: str) -> DatabaseFacts:
 
 
 def open_read_only(path: str) -> sqlite3.Connection:
-    """The standard library's sqlite3 on `path`, read-only: it can change nothing in the file."""
-    uri = Path(path).expanduser().resolve().as_uri() + "?mode=ro"
+    """The standard library's sqlite3 on `path`, read-only: it changes nothing in the file.
+
+    When no connection has the file open (no `-wal` beside it), it is also opened `immutable`:
+    a read-only open of a WAL-mode file otherwise creates the `-wal` and `-shm` files, which
+    would leave traces next to a file we refuse, or one nobody uses. With a `-wal` present the
+    WAL holds committed data, so the file is read the ordinary way, through it.
+    """
+    p = Path(path).expanduser().resolve()
+    uri = p.as_uri() + "?mode=ro"
+    if not Path(f"{p}-wal").exists():
+        uri += "&immutable=1"
     return sqlite3.connect(uri, uri=True, timeout=5.0)
 
 

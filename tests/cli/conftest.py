@@ -1,16 +1,13 @@
-"""Fixtures for the command's tests: settings for each profile, and running `harel-edge` as a user does.
+"""Fixtures for the command's tests: where a test's data lives, on each profile.
 
-The command is run as a subprocess (the console script the package installs), with an
-environment that holds only what the test sets, so a developer's own HAREL_EDGE_* variables
-or `.env` cannot change what a test sees.
+`place` is a local file always, and a fresh sqld primary of the test's own for sqld and replica
+(a new embedded replica replays its primary's whole log, so a shared primary would make every
+later replica test slower). `cli_helpers` runs the command itself.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +22,6 @@ PROFILES = [
     pytest.param("replica", marks=pytest.mark.sqld),
 ]
 _counter = itertools.count()
-COMMAND = str(Path(sys.executable).parent / "harel-edge")
 
 
 @dataclass
@@ -57,25 +53,3 @@ class Place:
 def place(request: pytest.FixtureRequest, tmp_path: Path) -> Place:
     server = request.getfixturevalue("fresh_sqld_primary") if request.param != "local" else None
     return Place(request.param, tmp_path, server)
-
-
-def env_for(values: dict[str, Any] | None = None, **extra: str) -> dict[str, str]:
-    """A clean environment: PATH and the like, no HAREL_* from the caller, plus `values`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HAREL_", "RUST_LOG"))}
-    for key, value in (values or {}).items():
-        if value is None:
-            continue
-        if hasattr(value, "get_secret_value"):
-            value = value.get_secret_value()
-        env[f"HAREL_EDGE_{key.upper()}"] = str(value)
-    env.update(extra)
-    return env
-
-
-def run(
-    args: list[str], env: dict[str, str], cwd: Path, timeout: float = 60, **kwargs: Any
-) -> subprocess.CompletedProcess:
-    """Run `harel-edge ARGS` and return what it printed and its exit code."""
-    return subprocess.run(
-        [COMMAND, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, **kwargs
-    )

@@ -1,0 +1,38 @@
+"""Running `harel-edge` as a user does, for the tests in this directory.
+
+The command is run as a subprocess (the console script the package installs), with an
+environment that holds only what the test sets, so a developer's own HAREL_EDGE_* variables
+cannot change what a test sees; each test runs in its own directory, so no `.env` is found.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+COMMAND = str(Path(sys.executable).parent / "harel-edge")
+
+
+def env_for(values: dict[str, Any] | None = None, **extra: str) -> dict[str, str]:
+    """A clean environment: PATH and the like, no HAREL_* from the caller, plus `values`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HAREL_", "RUST_LOG"))}
+    for key, value in (values or {}).items():
+        if value is None:
+            continue
+        if hasattr(value, "get_secret_value"):
+            value = value.get_secret_value()
+        env[f"HAREL_EDGE_{key.upper()}"] = str(value)
+    env.update(extra)
+    return env
+
+
+def run(
+    args: list[str], env: dict[str, str], cwd: Path, timeout: float = 60, **kwargs: Any
+) -> subprocess.CompletedProcess:
+    """Run `harel-edge ARGS` and return what it printed and its exit code."""
+    return subprocess.run(
+        [COMMAND, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, **kwargs
+    )

@@ -1,0 +1,298 @@
+"""Bad input gets a clear message on stderr, a non-zero exit code, and changes nothing stored.
+
+Every case runs the command as a user would (subprocess). For a file, "nothing changed" is its
+bytes (and those of its -wal and -shm files); for a sqld primary, the rows of every table, read
+with a read-write token before and after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from pathlib import Path
+
+import libsql
+import pytest
+from cli_helpers import env_for, run
+from harel.spec.states import Event
+
+from harel_edge import LibsqlTransport
+
+EXAMPLES = str(Path(__file__).resolve().parents[2] / "harel_edge" / "examples")
+WRITERS = [["publish", "g", "Pay", "--data", "{}"], ["migrate"], ["worker", "-D", EXAMPLES]]
+READERS = [["status"], ["doctor"]]
+
+
+def fingerprint(path: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.parent.glob(path.name + "*"))
+    }
+
+
+def a_queue(path: Path) -> Path:
+    transport = LibsqlTransport(str(path))
+    transport.publish("kept", Event(kind="Stored"), priority=1, routing_key="eu")
+    transport.close()
+    return path
+
+
+def primary_rows(server) -> list:
+    connection = libsql.connect(server.http_url, auth_token=server.rw_token, isolation_level=None)
+    tables = [
+        r[0]
+        for r in connection.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+        ).fetchall()
+    ]
+    rows = [(t, connection.execute(f'SELECT * FROM "{t}" ORDER BY 1').fetchall()) for t in tables]
+    connection.close()
+    return rows
+
+
+def assert_refused(result, code: int, *words: str) -> None:
+    """The exit code, and the error as the last line on stderr (after any retry log lines)."""
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("harel-edge: error: "), result.stderr
+    for word in words:
+        assert word in last, (word, last)
+
+
+# ---- local files ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", WRITERS + READERS, ids=lambda a: a[0])
+def test_a_file_that_is_not_a_database_is_refused_and_left_untouched(args, tmp_path):
+    path = tmp_path / "notes.db"
+    path.write_text("these are somebody's notes, not a database\n" * 50)
+    before = fingerprint(path)
+    result = run(args, env_for({"profile": "local", "db_path": str(path)}), tmp_path)
+    if args[0] == "doctor":
+        assert result.returncode == 1 and "not a SQLite/libSQL database" in result.stdout
+    else:
+        assert_refused(result, 5, "not a SQLite/libSQL database", "untouched")
+    assert fingerprint(path) == before
+
+
+@pytest.mark.parametrize("args", WRITERS + READERS, ids=lambda a: a[0])
+def test_a_damaged_database_is_refused_and_left_untouched(args, tmp_path):
+    path = a_queue(tmp_path / "queue.db")
+    data = bytearray(path.read_bytes())
+    data[100:4096] = b"\xa5" * (4096 - 100)  # the schema page, past the header
+    path.write_bytes(bytes(data))
+    before = fingerprint(path)
+    result = run(args, env_for({"profile": "local", "db_path": str(path)}), tmp_path)
+    if args[0] == "doctor":
+        assert result.returncode == 1 and "damaged" in result.stdout
+    else:
+        assert_refused(result, 5, "damaged", "backup")
+    assert fingerprint(path) == before
+
+
+@pytest.mark.parametrize("args", WRITERS + READERS, ids=lambda a: a[0])
+def test_another_applications_database_is_refused_and_left_untouched(args, tmp_path):
+    path = tmp_path / "shop.db"
+    shop = sqlite3.connect(path)
+    shop.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+    shop.execute("INSERT INTO customers (name) VALUES ('ada')")
+    shop.commit()
+    shop.close()
+    before = fingerprint(path)
+    result = run(args, env_for({"profile": "local", "db_path": str(path)}), tmp_path)
+    if args[0] == "doctor":
+        assert result.returncode == 1 and "another application's tables (customers)" in result.stdout
+    else:
+        assert_refused(result, 5, "another application's tables (customers)", "--adopt")
+    assert fingerprint(path) == before
+
+
+def test_a_database_from_a_newer_harel_edge_is_refused_and_left_untouched(tmp_path):
+    path = a_queue(tmp_path / "queue.db")
+    newer = sqlite3.connect(path)
+    newer.execute("PRAGMA user_version = 99")
+    newer.commit()
+    newer.close()
+    before = fingerprint(path)
+    for args in WRITERS + [["status"]]:
+        assert_refused(run(args, env_for({"profile": "local", "db_path": str(path)}), tmp_path), 5, "newer")
+    assert fingerprint(path) == before
+
+
+@pytest.mark.parametrize(
+    "args, variables, words",
+    [
+        (
+            ["status"],
+            {"profile": "bogus"},
+            ["HAREL_EDGE_PROFILE='bogus' is not a profile", "local, sqld, replica"],
+        ),
+        (["worker", "-D", EXAMPLES], {"profile": "Sqld2"}, ["is not a profile"]),
+        (["config", "show"], {"profile": "cloud"}, ["is not a profile"]),
+        (
+            ["publish", "g", "E"],
+            {"profile": "sqld"},
+            ["HAREL_EDGE_PROFILE=sqld needs the server", "HAREL_EDGE_URL"],
+        ),
+        (
+            ["doctor"],
+            {"profile": "sqld", "url": "ftp://example.com"},
+            ["HAREL_EDGE_URL='ftp://example.com' is not"],
+        ),
+        (["migrate"], {"profile": "replica"}, ["needs its primary", "HAREL_EDGE_SYNC_URL"]),
+        (["status"], {"sync_interval": "0.001"}, ["HAREL_EDGE_SYNC_INTERVAL"]),
+    ],
+    ids=["status", "worker", "config", "publish", "doctor", "migrate", "interval"],
+)
+def test_a_wrong_configuration_names_the_variable_and_exits_2(args, variables, words, tmp_path):
+    path = a_queue(tmp_path / "queue.db")
+    before = fingerprint(path)
+    result = run(args, env_for({"db_path": str(path), **variables}), tmp_path)
+    assert_refused(result, 2, *words)
+    assert fingerprint(path) == before
+
+
+def test_an_unknown_profile_given_as_an_option_is_refused(tmp_path):
+    assert_refused(run(["--profile", "edge", "status"], env_for({}), tmp_path), 2, "'edge' is not a profile")
+
+
+@pytest.mark.parametrize(
+    "data, words",
+    [("{not json", ["--data is not JSON"]), ("[1, 2]", ["--data must be a JSON object"])],
+    ids=["not json", "not an object"],
+)
+def test_publish_refuses_data_that_is_not_a_json_object(data, words, tmp_path):
+    path = a_queue(tmp_path / "queue.db")
+    before = fingerprint(path)
+    assert_refused(
+        run(["publish", "g", "E", "--data", data], env_for({"db_path": str(path)}), tmp_path), 2, *words
+    )
+    assert fingerprint(path) == before
+
+
+def test_publish_refuses_a_priority_out_of_range(tmp_path):
+    path = a_queue(tmp_path / "queue.db")
+    before = fingerprint(path)
+    result = run(["publish", "g", "E", "--priority", "9"], env_for({"db_path": str(path)}), tmp_path)
+    assert result.returncode == 2 and "--priority" in result.stderr
+    assert fingerprint(path) == before
+
+
+# ---- a real sqld -----------------------------------------------------------------------------------
+
+
+def sqld_env(server, **overrides) -> dict[str, str]:
+    values = {"profile": "sqld", "url": server.http_url, "auth_token": server.rw_token, "retry_attempts": "3"}
+    return env_for({**values, **overrides})
+
+
+def replica_env(server, path: Path, **overrides) -> dict[str, str]:
+    values = {
+        "profile": "replica",
+        "sync_url": server.http_url,
+        "db_path": str(path),
+        "auth_token": server.rw_token,
+        "retry_attempts": "3",
+    }
+    return env_for({**values, **overrides})
+
+
+@pytest.fixture
+def stored(fresh_sqld_primary, tmp_path):
+    """A primary holding one message, published through the command."""
+    assert (
+        run(["publish", "kept", "Stored", "-r", "eu"], sqld_env(fresh_sqld_primary), tmp_path).returncode == 0
+    )
+    return fresh_sqld_primary
+
+
+# Which command meets which profile: every command is covered, without running them all on both.
+PAIRS = [
+    (["publish", "g", "Pay"], "sqld"),
+    (["migrate"], "replica"),
+    (["worker", "-D", EXAMPLES], "sqld"),
+    (["worker", "-D", EXAMPLES], "replica"),
+    (["status"], "replica"),
+    (["doctor"], "sqld"),
+]
+
+
+def env_of(profile: str, server, tmp_path: Path, **overrides) -> dict[str, str]:
+    return (
+        sqld_env(server, **overrides)
+        if profile == "sqld"
+        else replica_env(server, tmp_path / "r.db", **overrides)
+    )
+
+
+@pytest.mark.parametrize("args, profile", PAIRS, ids=lambda v: v if isinstance(v, str) else v[0])
+def test_a_wrong_token_is_refused_and_changes_nothing(args, profile, stored, tmp_path):
+    before = primary_rows(stored)
+    result = run(args, env_of(profile, stored, tmp_path, auth_token="not-a-jwt"), tmp_path)
+    if args[0] == "doctor":
+        assert result.returncode == 1 and "FAIL  auth: the primary refused the token" in result.stdout
+    else:
+        assert_refused(result, 4, "refused the credentials", "HAREL_EDGE_AUTH_TOKEN")
+    assert primary_rows(stored) == before
+    assert not (tmp_path / "r.db").exists()
+
+
+def test_an_expired_token_is_refused_and_changes_nothing(stored, tmp_path):
+    before = primary_rows(stored)
+    expired = stored.token("rw", expires_in=-300)
+    assert_refused(run(["publish", "g", "E"], sqld_env(stored, auth_token=expired), tmp_path), 4, "expired")
+    assert primary_rows(stored) == before
+
+
+@pytest.mark.parametrize(
+    "args, profile",
+    [p for p in PAIRS if p[0][0] in ("publish", "migrate", "worker")],
+    ids=lambda v: v if isinstance(v, str) else v[0],
+)
+def test_a_read_only_token_cannot_write_and_changes_nothing(args, profile, stored, tmp_path):
+    before = primary_rows(stored)
+    result = run(args, env_of(profile, stored, tmp_path, auth_token=stored.ro_token), tmp_path)
+    assert_refused(result, 4, "reading only", "read-write token", "nothing was changed")
+    assert primary_rows(stored) == before
+
+
+def test_doctor_says_a_read_only_token_cannot_write(stored, tmp_path):
+    result = run(["doctor"], sqld_env(stored, auth_token=stored.ro_token), tmp_path)
+    assert result.returncode == 1
+    assert "FAIL  auth: the token is read-only" in result.stdout and "read-write token" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, profile",
+    [p for p in PAIRS if p[0][0] != "doctor"],
+    ids=lambda v: v if isinstance(v, str) else v[0],
+)
+def test_an_unreachable_primary_is_reported_as_such(args, profile, stored, tmp_path):
+    before = primary_rows(stored)
+    nowhere = "http://127.0.0.1:9"
+    key = "url" if profile == "sqld" else "sync_url"
+    result = run(args, env_of(profile, stored, tmp_path, **{key: nowhere}), tmp_path)
+    assert_refused(result, 3, "cannot reach the primary at http://127.0.0.1:9", "HTTP address")
+    assert primary_rows(stored) == before
+    assert not (tmp_path / "r.db").exists()
+
+
+def test_a_stopped_primary_is_reported_as_unreachable_and_doctor_says_what_to_check(stored, tmp_path):
+    env = sqld_env(stored)
+    stored.stop()
+    assert_refused(run(["publish", "g", "E"], env, tmp_path), 3, "cannot reach the primary")
+    result = run(["doctor"], env, tmp_path)
+    assert (
+        result.returncode == 1
+        and "FAIL  connectivity" in result.stdout
+        and "check that it runs" in result.stdout
+    )
+
+
+def test_the_token_never_appears_in_output_or_errors(stored, tmp_path):
+    token = stored.ro_token
+    outputs = []
+    for args in WRITERS + READERS + [["config", "show"]]:
+        result = run(args, sqld_env(stored, auth_token=token), tmp_path)
+        outputs.append(result.stdout + result.stderr)
+    assert not any(token in text for text in outputs)
