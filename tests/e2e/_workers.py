@@ -206,6 +206,8 @@ def drain(
     (`until_drained`), or until `stop()` is true. Returns counts and timings."""
     counts = {"claimed": 0, "acked": 0, "lost": 0, "empty_claims": 0}
     claim_seconds: list[float] = []
+    ack_seconds: list[float] = []
+    log_seconds: list[float] = []
     began = time.monotonic()
     while not (stop is not None and stop()):
         asked = time.perf_counter()
@@ -216,23 +218,32 @@ def drain(
                 break
             time.sleep(idle_poll)
             continue
-        claim_seconds.append(time.perf_counter() - asked)
+        claimed = time.perf_counter()
+        claim_seconds.append(claimed - asked)
         counts["claimed"] += 1
         log.record("start", lease)
         process(lease)
         log.record("end", lease)
+        logged = time.perf_counter()
+        log_seconds.append(logged - claimed)
         if transport.ack(lease):
             counts["acked"] += 1
         else:
             counts["lost"] += 1
             log.record("lost", lease)
-    claim_seconds.sort()
+        ack_seconds.append(time.perf_counter() - logged)
     return {
         "worker": worker,
         **counts,
         "seconds": time.monotonic() - began,
-        "claim_p50_ms": 1000 * claim_seconds[len(claim_seconds) // 2] if claim_seconds else None,
+        "claim_p50_ms": _p50_ms(claim_seconds),
+        "ack_p50_ms": _p50_ms(ack_seconds),
+        "log_p50_ms": _p50_ms(log_seconds),  # both log rows and the handler
     }
+
+
+def _p50_ms(samples: list[float]) -> float | None:
+    return round(1000 * sorted(samples)[len(samples) // 2], 2) if samples else None
 
 
 # --------------------------------------------------------------------------- spawn targets

@@ -163,7 +163,7 @@ def test_four_workers_drain_2000_messages_once_each_in_group_order_with_one_in_f
     print(
         f"\n[{profile}] {TOTAL} messages, {GROUPS} groups, {len(WORKERS)} workers: drained in {elapsed:.2f} s "
         f"({TOTAL / elapsed:.0f}/s; primary clock span {span:.2f} s); per worker {by_worker}; "
-        f"claim p50 ms {[round(r['claim_p50_ms'] or 0, 2) for r in reports]}; {found}"
+        f"p50 ms claim/ack/log {[(r['claim_p50_ms'], r['ack_p50_ms'], r['log_p50_ms']) for r in reports]}; {found}"
     )
 
     assert depth == 0
