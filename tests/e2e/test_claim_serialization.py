@@ -31,6 +31,7 @@ import _workers
 import pytest
 from harel.spec.states import Event
 
+from harel_edge.connection import EdgeConnection
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import SqldServer
 from harel_edge.transport import LibsqlTransport, Message
@@ -93,9 +94,8 @@ def publish_backlog(primary: SqldServer) -> dict[str, tuple[str, int, int, str]]
     return published
 
 
-def _primary(primary: SqldServer):
-    from harel_edge.connection import EdgeConnection
-
+def remote(primary: SqldServer) -> EdgeConnection:
+    """A remote connection to the primary: the test's view, independent of any worker's replica."""
     return EdgeConnection(
         ExplicitSettings.load(profile="sqld", url=primary.http_url, auth_token=primary.rw_token)
     )
@@ -153,7 +153,7 @@ def test_four_workers_drain_2000_messages_once_each_in_group_order_with_one_in_f
 
     errors = [report["error"] for report in reports if "error" in report]
     assert not errors, errors[0]
-    conn = _primary(primary)
+    conn = remote(primary)
     rows = _workers.read_log(conn)
     depth = conn.execute("SELECT count(*) FROM harel_transport_messages")[0][0]
     conn.close()
