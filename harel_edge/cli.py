@@ -760,6 +760,10 @@ def worker(
         migrate=not no_migrate,
         adopt=adopt,
     )
+    if not definitions and not options.workflows:
+        raise ConfigurationError(
+            "nothing to run: give --definitions DIR (statecharts) and/or --workflow NS=module:function"
+        )
     load_definitions(definitions)  # a bad directory or machine fails here, before any process starts
     for spec in options.workflows:
         spec.load()
@@ -843,8 +847,8 @@ def reference_markdown() -> str:
         "# `harel-edge` command reference",
         "",
         "Generated from `--help` by `harel-edge reference > docs/cli.md`; `tests/cli/test_reference.py`",
-        "fails when this file and the command disagree. Prose about the commands is in",
-        "[quickstart.md](quickstart.md) and [operations.md](operations.md).",
+        "fails when this file and the command disagree. A tour of the commands is in",
+        "[quickstart.md](quickstart.md); running workers under compose, in [deploy.md](deploy.md).",
         "",
         "Exit codes: 0 success; 1 the command ran and found a problem (doctor, demo, a worker that",
         "failed); 2 bad configuration or arguments; 3 primary unreachable; 4 credentials refused;",
