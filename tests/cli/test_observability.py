@@ -1,0 +1,96 @@
+"""One log line and one count for each retry, failed sync and lost lease; logs as JSON lines."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+from harel.spec.states import Event
+from prometheus_client import REGISTRY
+
+from harel_edge import LibsqlTransport, observability, retry
+from harel_edge.settings import ExplicitSettings
+from harel_edge.store import EdgeStore
+
+
+@pytest.fixture
+def log_lines():
+    stream = io.StringIO()
+    observability.configure_logging("json", "info", stream=stream)
+
+    def lines(event: str | None = None) -> list[dict]:
+        found = [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
+        return [line for line in found if event is None or line["event"] == event]
+
+    yield lines
+    observability.configure_logging("console", "warning")
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_each_retry_writes_one_log_line_and_is_counted(log_lines, tmp_path):
+    settings = ExplicitSettings.load(
+        db_path=str(tmp_path / "q.db"), retry_initial_delay=0.001, retry_max_delay=0.01
+    )
+    failures = iter([ValueError("database is locked"), ValueError("Hrana: stream error: STREAM_EXPIRED")])
+    before = sample("harel_edge_retries_total", operation="test.op")
+
+    def attempt() -> str:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return "done"
+
+    assert retry.call_with_retry(settings, "test.op", attempt) == "done"
+    assert sample("harel_edge_retries_total", operation="test.op") - before == 2
+    lines = log_lines("retrying")
+    assert [line["attempt"] for line in lines] == [1, 2]
+    assert all(line["operation"] == "test.op" and line["level"] == "warning" for line in lines)
+    assert "database is locked" in lines[0]["error"]
+
+
+def test_a_lost_lease_writes_one_log_line_and_is_counted(log_lines, tmp_path):
+    now = [1000.0]
+    transport = LibsqlTransport(str(tmp_path / "q.db"), clock=lambda: now[0])
+    transport.publish("g", Event(kind="E"))
+    first = transport.claim("slow", 5)
+    now[0] += 10  # the lease lapses; another worker takes the message
+    assert transport.claim("fast", 5) is not None
+    before = sample("harel_edge_lost_leases_total", operation="ack")
+    assert transport.ack(first) is False
+    transport.close()
+    assert sample("harel_edge_lost_leases_total", operation="ack") - before == 1
+    (line,) = log_lines("lost lease")
+    assert line["group_id"] == "g" and line["operation"] == "ack"
+
+
+@pytest.mark.sqld
+def test_a_failed_sync_writes_a_log_line_and_is_counted(log_lines, fresh_sqld_primary, tmp_path):
+    settings = ExplicitSettings.load(
+        profile="replica",
+        db_path=str(tmp_path / "r.db"),
+        sync_url=fresh_sqld_primary.http_url,
+        auth_token=fresh_sqld_primary.rw_token,
+        retry_attempts=2,
+        retry_initial_delay=0.01,
+    )
+    store = EdgeStore(settings)
+    before = sample("harel_edge_sync_failures_total")
+    fresh_sqld_primary.stop()
+    with pytest.raises(Exception, match="(?i)handshake|connect|sync"):
+        store.load("x")
+    store.close()
+    failed = log_lines("sync failed")
+    assert len(failed) == 2, "one line per failed sync: the first attempt and its retry"
+    assert sample("harel_edge_sync_failures_total") - before == 2
+    assert len(log_lines("retrying")) == 1
+
+
+def test_harels_own_log_lines_come_out_as_json_too(log_lines):
+    logging.getLogger("harel.engine.aio.distributed").warning("worker %s failed handling %s", "w1", "Pay")
+    (line,) = [line for line in log_lines() if line.get("logger") == "harel.engine.aio.distributed"]
+    assert line["event"] == "worker w1 failed handling Pay" and line["level"] == "warning"
