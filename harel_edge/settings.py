@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
 import socket
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -46,7 +47,8 @@ def _env(field: str) -> str:
 
 
 def _default_worker_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
+    # The random part: containers on the host network share a hostname and are all pid 1.
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 def _is_url(value: str) -> bool:

@@ -242,7 +242,7 @@ class LibsqlTransport:
         deleted = self._with_retry(
             "ack",
             lambda: bool(self._conn.execute(f"DELETE FROM {self._n.messages} WHERE {fence} RETURNING seq", params)),
-            resolve=lambda: self._gone_or_lost(lease),
+            resolve=lambda: self._settled(lease, done_if_gone=True),
         )
         if not deleted:
             return self._report_lost(lease, "ack")
@@ -262,7 +262,7 @@ class LibsqlTransport:
             sql = f"UPDATE {self._n.messages} SET locked_by = NULL, lock_expiry = NULL WHERE {fence} RETURNING seq"
             args = tuple(params)
         done = self._with_retry(
-            "nack", lambda: bool(self._conn.execute(sql, args)), resolve=lambda: self._gone_or_lost(lease)
+            "nack", lambda: bool(self._conn.execute(sql, args)), resolve=lambda: self._settled(lease, done_if_gone=False)
         )
         if not done:
             return self._report_lost(lease, "nack")
@@ -275,12 +275,20 @@ class LibsqlTransport:
             return "seq = ? AND locked_by = ?", (lease.seq, lease.token)
         return "seq = ?", (lease.seq,)
 
-    def _gone_or_lost(self, lease: Lease) -> bool | None:
-        """After an ambiguous ack/nack: settled if the message is gone or no longer ours."""
+    def _settled(self, lease: Lease, *, done_if_gone: bool) -> bool | None:
+        """After an ambiguous ack or nack, what the message's row says happened.
+
+        None: it still carries this lease's token, so the write did not land: try again.
+        Gone: an ack landed (ours, or the next holder's after ours lapsed), a nack did not.
+        Another token: the lease lapsed and another worker holds the message, so an ack did
+        not land; a nack landed and the message was claimed again since.
+        """
         rows = self._conn.execute(f"SELECT locked_by FROM {self._n.messages} WHERE seq = ?", (lease.seq,))
-        if not rows or (lease.token and rows[0][0] != lease.token):
-            return True
-        return None
+        if not rows:
+            return done_if_gone
+        if lease.token and rows[0][0] == lease.token:
+            return None
+        return not done_if_gone
 
     def _report_lost(self, lease: Lease, operation: str) -> bool:
         observability.record_lost_lease(operation)

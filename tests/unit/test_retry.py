@@ -475,11 +475,6 @@ class InterleavedTransport(LibsqlTransport):
             step()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="transport._gone_or_lost answers 'settled' when another worker holds the message, so "
-    "ack() returns True for a lease it lost (reported to the transport's owner)",
-)
 def test_an_ack_that_failed_and_lost_its_lease_meanwhile_reports_the_lease_lost(tmp_path):
     path = str(tmp_path / "q.db")
     clock = Clock()
