@@ -299,12 +299,19 @@ def publish(
     event_id: str | None = typer.Option(
         None, "--id", help="The event id (dedupe key); a new one by default. Reuse it to retry safely."
     ),
+    create: str | None = typer.Option(
+        None,
+        "--create",
+        metavar="MACHINE",
+        help="With KIND Start: first create execution GROUP of statechart MACHINE (if it does not exist).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the published event as JSON."),
 ) -> None:
     """Append an event to a group's queue.
 
     A group's first message fixes its priority and routing key for as long as the group has
-    messages. For a statechart, the group is the execution's id."""
+    messages. For a statechart, the group is the execution's id: start one with
+    `publish ID Start --create MACHINE` (its --data seeds the context), then send it events."""
     from harel.spec.states import Event  # noqa: PLC0415
 
     from harel_edge.transport import LibsqlTransport, Message  # noqa: PLC0415
@@ -317,6 +324,8 @@ def publish(
         raise ConfigurationError("--data must be a JSON object, e.g. '{\"amount\": 12.5}'")
     if not group:
         raise ConfigurationError("GROUP must not be empty")
+    if create is not None and kind != "Start":
+        raise ConfigurationError(f"--create starts an execution: KIND must be Start, not {kind!r}")
     settings = ctx.obj.settings()
     event = Event(
         kind=kind, data=payload, created_time=datetime.now(UTC), **({"id": event_id} if event_id else {})
@@ -329,6 +338,8 @@ def publish(
             else False
         )
         transport = LibsqlTransport(connection=connection, create_schema=not has_schema)
+        if create is not None:
+            _create_execution(connection, group, create, priority)
         transport.publish_many([Message(group, event, priority, routing_key)])
     finally:
         connection.close()
@@ -346,6 +357,18 @@ def publish(
     else:
         key = f", routing key {routing_key}" if routing_key else ""
         out.print(f"published {kind} {event.id} to {group} (priority {priority}{key})", markup=False)
+
+
+def _create_execution(connection: EdgeConnection, execution_id: str, machine: str, priority: int) -> None:
+    """A PENDING execution for the worker to start when it claims the Start (harel's own
+    `create(start_on_create=False)`); an existing one is left as it is."""
+    from harel.engine.execution import Execution  # noqa: PLC0415
+
+    from harel_edge.store import EdgeStore  # noqa: PLC0415
+
+    store = EdgeStore(connection=connection)
+    if store.load(execution_id) is None:
+        store.save(Execution(id=execution_id, definition_id=machine, priority=priority))
 
 
 def _has_table(connection: EdgeConnection, settings: EdgeSettings) -> bool:

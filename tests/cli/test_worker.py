@@ -231,3 +231,44 @@ def test_a_worker_with_nothing_valid_to_run_says_why_and_exits_2(args, words, tm
     assert result.returncode == 2, result.stderr
     assert words in result.stderr
     assert not path.exists()
+
+
+def test_an_execution_started_from_the_command_line_runs_on_the_worker(tmp_path):
+    values = {"profile": "local", "db_path": str(tmp_path / "q.db")}
+    env = env_for(values)
+    for args in (
+        [
+            "publish",
+            "order-9",
+            "Start",
+            "--create",
+            "order",
+            "--data",
+            '{"pack_seconds": 0}',
+            "-p",
+            "3",
+            "-r",
+            "ap",
+        ],
+        ["publish", "order-9", "Pay", "--data", '{"amount": 9.5}'],
+    ):
+        result = subprocess.run(
+            [COMMAND, *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, result.stderr
+    settings = ExplicitSettings.load(**values)
+    process = start_worker(env, tmp_path)
+
+    def paid():
+        store = EdgeStore(settings, create_schema=False)
+        try:
+            exe = store.load("order-9")
+        finally:
+            store.close()
+        return exe if (exe.active_path or "").endswith("Paid") else None
+
+    try:
+        exe = wait_until(paid, process=process)
+    finally:
+        stop(process)
+    assert exe.context["paid"] == 9.5 and exe.priority == 3
