@@ -27,6 +27,8 @@ import argparse
 import asyncio
 import inspect
 import json
+import multiprocessing
+import os
 import platform
 import sys
 import tempfile
@@ -55,6 +57,21 @@ async def ticker(stop: asyncio.Event, lags: list[float]) -> None:
         start = time.perf_counter()
         await asyncio.sleep(0.001)
         lags.append((time.perf_counter() - start - 0.001) * 1000)
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of its worker processes (not the proxy's, not sqld's)."""
+    total = sum(os.times()[:2])
+    tick = os.sysconf("SC_CLK_TCK")
+    for child in multiprocessing.active_children():
+        if child.name.startswith("latency-proxy"):
+            continue
+        try:
+            fields = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
 
 
 async def open_transport(settings, processes: int | None) -> AsyncLibsqlTransport:
@@ -94,10 +111,10 @@ async def measure(settings, inflight: int, seconds: float, processes: int | None
         tick = asyncio.create_task(ticker(stop, lags))
         await asyncio.sleep(0.05)
         lags.clear()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), cpu_seconds()
         deadline = start + seconds
         await asyncio.gather(*(worker(k) for k in range(inflight)))
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, cpu_seconds() - cpu_start
         stop.set()
         await tick
         return {
@@ -109,6 +126,7 @@ async def measure(settings, inflight: int, seconds: float, processes: int | None
             "lag_p99_ms": round(percentile(lags, 0.99), 2),
             "lag_max_ms": round(max(lags), 2) if lags else float("nan"),
             "ticks": len(lags),
+            "cpu_ms_per_msg": round(cpu * 1000 / done, 2) if done else float("nan"),
         }
     finally:
         await transport.close()
@@ -137,7 +155,7 @@ async def run_profile(profile: str, args, tmp: Path, url: str | None, token: str
         print(
             f"  {profile:8} in flight {inflight:3}: {row['msg_per_s']:8.1f} msg/s  lag p50 "
             f"{row['lag_p50_ms']:6.2f}  p99 {row['lag_p99_ms']:7.2f}  max {row['lag_max_ms']:7.2f} ms"
-            f"  ({row['messages']} msgs, {row['ticks']} ticks)",
+            f"  cpu {row['cpu_ms_per_msg']:5.2f} ms/msg ({row['messages']} msgs, {row['ticks']} ticks)",
             file=sys.stderr,
             flush=True,
         )
@@ -177,12 +195,12 @@ def main() -> None:
         f"\n{platform.python_implementation()} {platform.python_version()}, {design}, "
         f"added latency {args.delay * 1000:g} ms each way, {args.seconds:g} s per cell\n"
     )
-    print("| profile | in flight | msg/s (claim+ack) | lag p50 ms | lag p99 ms | lag max ms |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| profile | in flight | msg/s (claim+ack) | lag p50 ms | lag p99 ms | lag max ms | CPU ms/msg |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         print(
             f"| {row['profile']} | {row['inflight']} | {row['msg_per_s']} | {row['lag_p50_ms']} | "
-            f"{row['lag_p99_ms']} | {row['lag_max_ms']} |"
+            f"{row['lag_p99_ms']} | {row['lag_max_ms']} | {row['cpu_ms_per_msg']} |"
         )
     for profile in {row["profile"] for row in rows}:
         by = {row["inflight"]: row["msg_per_s"] for row in rows if row["profile"] == profile}
