@@ -28,13 +28,14 @@ def test_harels_async_transport_contract_holds_on_the_default_design(edge):
 
     async def make(clock):
         transport = await AsyncLibsqlTransport.from_settings(edge.settings(), clock, processes=2)
-        made.append(transport)
+        made.append((transport, transport.processes))
         return transport
 
     asyncio.run(assert_async_transport_contract(make))
     assert len(made) >= 7
-    expected = 0 if edge.profile == "local" else 2
-    assert all(t.processes <= expected for t in made), "local runs on a thread; remote on processes"
+    expected = 0 if edge.profile == "local" else 1
+    assert all(started == expected for _, started in made), "local runs on a thread; remote starts one worker"
+    assert all(t.processes == 0 for t, _ in made), "every worker process was closed"
 
 
 def test_operations_in_flight_together_each_get_a_different_group(edge):
