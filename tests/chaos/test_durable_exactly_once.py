@@ -52,6 +52,10 @@ pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 def worker_main(settings: dict, seed: int, kill_rate: float, kills_log: str) -> None:
     """A worker process: run passes until killed."""
     logging.basicConfig(level=logging.ERROR)
+    if settings["profile"] == "replica":  # every worker process has an embedded replica of its own
+        settings = settings | {
+            "db_path": str(Path(settings["db_path"]).with_name(f"replica-{os.getpid()}.db"))
+        }
     asyncio.run(_work(EdgeSettings(**settings), random.Random(seed), kill_rate, kills_log))
 
 
@@ -119,7 +123,7 @@ def _read(settings: EdgeSettings, sql: str) -> list[tuple]:
     if settings.profile == "local":
         with sqlite3.connect(settings.db_path, timeout=30) as conn:
             return conn.execute(sql).fetchall()
-    conn = libsql.connect(settings.url, auth_token=settings.auth_token.get_secret_value())
+    conn = libsql.connect(settings.server, auth_token=settings.auth_token.get_secret_value())
     try:
         return conn.execute(sql).fetchall()
     finally:
@@ -316,5 +320,23 @@ def test_every_effect_happens_exactly_once_on_sqld_with_workers_killed_and_the_p
         summary = run_chaos(settings, tmp_path, kill_rate=0.03, outside_kills=(2.0, 4.0), primary=server)
         _assert_exactly_once(summary)
         assert summary["primary paused"] == 2 and summary["primary killed and restarted"] == 1, summary
+    finally:
+        server.close()
+
+
+@pytest.mark.sqld
+def test_every_effect_happens_exactly_once_through_embedded_replicas_with_workers_killed_and_the_primary_paused(
+    tmp_path,  # noqa: ANN001
+) -> None:
+    server = start_primary()
+    try:
+        settings = EdgeSettings(
+            profile="replica",
+            sync_url=server.http_url,
+            auth_token=server.rw_token,
+            db_path=str(tmp_path / "replica.db"),
+        )
+        summary = run_chaos(settings, tmp_path, kill_rate=0.03, outside_kills=(2.0, 4.0), primary=server)
+        _assert_exactly_once(summary)
     finally:
         server.close()
