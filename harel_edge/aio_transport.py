@@ -40,10 +40,6 @@ from harel_edge.transport import Clock, LibsqlTransport, Message, _explicit_sett
 
 log = structlog.get_logger("harel_edge.aio_transport")
 
-# Connections (worker processes) per transport on sqld and replica, when not given. Workers
-# start only when that many calls are in flight at once, so an idle transport has one.
-DEFAULT_PROCESSES = 8
-
 
 class AsyncLibsqlTransport:
     """The harel `AsyncTransport` on libSQL. Build it with `await AsyncLibsqlTransport.create(...)`
@@ -102,7 +98,7 @@ class AsyncLibsqlTransport:
     ) -> AsyncLibsqlTransport:
         """The transport the settings describe (`EdgeSettings.load()` when none are given).
 
-        On sqld and replica, up to `processes` worker processes (default `DEFAULT_PROCESSES`)
+        On sqld and replica, up to `processes` worker processes (default: the settings' `async_processes`, 8)
         each hold a connection; `processes=0` runs one connection on a thread instead. The local
         profile always uses a thread. A worker process is spawned, so a program that builds this
         transport needs the usual `if __name__ == "__main__":` guard around its start.
@@ -113,7 +109,9 @@ class AsyncLibsqlTransport:
     async def _open(
         cls, settings: EdgeSettings, clock: Clock | None, create_schema: bool, processes: int | None
     ) -> AsyncLibsqlTransport:
-        if processes is not None and processes < 0:
+        if processes is None:
+            processes = settings.async_processes
+        if processes < 0:
             raise ValueError(f"processes must be 0 (threads) or more, got {processes!r}")
         if settings.profile == "local" or processes == 0:
             # Opening (and on a replica, the first sync) is a round trip: on a thread.
@@ -122,7 +120,7 @@ class AsyncLibsqlTransport:
             )
             return cls(sync)
         opener = functools.partial(_open_in_worker, settings, clock is not None, create_schema)
-        pool = ProcessPool(opener, size=processes or DEFAULT_PROCESSES, name=f"harel-edge-{settings.prefix}")
+        pool = ProcessPool(opener, size=processes, name=f"harel-edge-{settings.prefix}")
         await pool.start()
         return cls._on_processes(pool, settings, clock)
 

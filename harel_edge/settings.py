@@ -37,6 +37,8 @@ SERVER_SCHEMES = ("http", "https", "libsql", "ws", "wss")
 # A sync_interval below this re-syncs so often that the replica spends its time syncing rather
 # than serving; above the ceiling the replica's reads are too stale for the lease arithmetic
 # to mean anything. See docs/tuning.md for the measurements.
+DEFAULT_ASYNC_PROCESSES = 8
+
 MIN_SYNC_INTERVAL = 0.05
 MAX_SYNC_INTERVAL = 3600.0
 
@@ -117,6 +119,11 @@ class EdgeSettings(BaseSettings):
     retry_initial_delay: float = Field(default=0.05, description="First backoff delay, seconds.")
     retry_max_delay: float = Field(default=5.0, description="Cap on one backoff delay, seconds.")
     retry_deadline: float = Field(default=60.0, description="Cap on the time one operation may retry.")
+    async_processes: int = Field(
+        default=DEFAULT_ASYNC_PROCESSES,
+        description="Worker processes (one connection each) behind the async transport on sqld and "
+        "replica, so round trips never freeze the event loop; 0: one connection on a thread.",
+    )
     metrics_port: int | None = Field(default=None, description="Serve Prometheus metrics on this port.")
 
     # ---- field checks: each names its variable ------------------------------------------------
@@ -165,6 +172,15 @@ class EdgeSettings(BaseSettings):
     def _positive_seconds(cls, value: float, info: Any) -> float:
         if not math.isfinite(value) or value <= 0:
             raise ValueError(f"{_env(info.field_name)}={value} must be a positive number of seconds")
+        return value
+
+    @field_validator("async_processes")
+    @classmethod
+    def _process_count(cls, value: int) -> int:
+        if not 0 <= value <= 64:
+            raise ValueError(
+                f"HAREL_EDGE_ASYNC_PROCESSES={value} is out of range: set 0 (threads) to 64 processes"
+            )
         return value
 
     @field_validator("busy_timeout_ms", "retry_attempts")
