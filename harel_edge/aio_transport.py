@@ -13,7 +13,7 @@ ambiguous-write resolution. Where it runs depends on the profile:
   round trip to the primary and calls could only follow one another. In another process the
   call costs the loop nothing, and `processes` calls are in flight at once. Every operation is
   one statement decided on the primary, so connections in several processes claim and ack
-  exactly as one connection would. docs/benchmarks-event-loop.md has the measurements.
+  exactly as one connection would. docs/benchmarks.md has the measurements.
 
 `processes=0` keeps the thread design on every profile (one connection in this process).
 """
