@@ -102,10 +102,25 @@ def events(stderr: str) -> list[dict]:
     return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(count: int) -> int:
+    """A port P such that P .. P+count-1 are all free now (a worker process n serves P+n)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            held = []
+            for n in range(count):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port + n))
+            return port
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise AssertionError("no free port range")
 
 
 def test_a_worker_runs_statecharts_and_workflows_then_exits_0_on_sigterm(place, tmp_path):
@@ -166,7 +181,7 @@ def test_sigterm_lets_the_event_in_hand_finish_and_leaves_the_rest_queued(tmp_pa
 
 
 def test_worker_processes_share_the_work_serve_metrics_and_stop_together(tmp_path):
-    port = free_port()
+    port = free_ports(2)
     values = {"profile": "local", "db_path": str(tmp_path / "q.db"), "worker_id": "pool"}
     settings = ExplicitSettings.load(**values)
     orders = [f"order-{i}" for i in range(6)]
@@ -187,8 +202,11 @@ def test_worker_processes_share_the_work_serve_metrics_and_stop_together(tmp_pat
     try:
         wait_until(lambda: (o := outcome(settings, orders))[0] == ["DONE"] * 6 and o[1] == 1, process=process)
 
-        def scrape(p: int) -> dict[str, float]:
-            text = urllib.request.urlopen(f"http://127.0.0.1:{p}/metrics", timeout=5).read().decode()
+        def scrape(p: int) -> dict[str, float] | None:
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{p}/metrics", timeout=5).read().decode()
+            except OSError:
+                return None  # not serving yet
             return {
                 line.split(" ")[0]: float(line.split(" ")[1])
                 for line in text.splitlines()
