@@ -15,31 +15,26 @@ Secrets never appear in output: tokens are redacted in `config show` and scrubbe
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
 
-# The driver writes its Rust logs to stdout, where they would corrupt `--json` output. The
-# command keeps them off unless HAREL_EDGE_RUST_LOG asks for them (read at first connect).
-os.environ["RUST_LOG"] = os.environ.get("HAREL_EDGE_RUST_LOG", "off")
+import typer
+from rich.console import Console
+from rich.table import Table
 
-import functools  # noqa: E402
-import json  # noqa: E402
-import shutil  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from datetime import UTC, datetime  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Annotated, Any  # noqa: E402
-
-import typer  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from harel_edge import schema  # noqa: E402
-from harel_edge.connection import EdgeConnection, explain_connect_error  # noqa: E402
-from harel_edge.errors import (  # noqa: E402
+from harel_edge import schema
+from harel_edge.connection import EdgeConnection, explain_connect_error
+from harel_edge.errors import (
     AuthError,
     ConfigurationError,
     HarelEdgeError,
@@ -47,8 +42,8 @@ from harel_edge.errors import (  # noqa: E402
     PrimaryUnavailableError,
     SchemaError,
 )
-from harel_edge.settings import EdgeSettings  # noqa: E402
-from harel_edge.status import (  # noqa: E402
+from harel_edge.settings import EdgeSettings
+from harel_edge.status import (
     Check,
     check_usable,
     clock_skew,
@@ -66,7 +61,7 @@ from harel_edge.status import (  # noqa: E402
     workflow_status,
     write_access,
 )
-from harel_edge.store import store_tables  # noqa: E402
+from harel_edge.store import store_tables
 
 HELP_WIDTH = 100
 CONTEXT = {

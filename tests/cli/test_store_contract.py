@@ -76,3 +76,32 @@ def test_a_failed_commit_leaves_nothing_behind(make_store):
     assert store.pending_outbox() == []
     store.commit(store.load("x"), [])  # and the connection is usable afterwards
     assert store.load("x").version == 2
+
+
+# Why EdgeStore exists: what harel 0.9's own LibsqlStore does on the remote profiles. If harel
+# changes, these fail, and the choice of store in harel_edge/store.py should be looked at again.
+
+
+@pytest.mark.sqld
+def test_harels_own_libsql_store_cannot_send_a_token_to_a_sqld_server(fresh_sqld_primary):
+    from harel.engine.store import LibsqlStore
+
+    with pytest.raises(ValueError, match="401"):
+        LibsqlStore(fresh_sqld_primary.http_url, auth_token=fresh_sqld_primary.rw_token)
+
+
+@pytest.mark.sqld
+def test_harels_own_libsql_store_on_a_replica_misses_another_edges_new_execution(
+    fresh_sqld_primary, tmp_path
+):
+    from harel.engine.store import LibsqlStore
+
+    server = fresh_sqld_primary
+    writer = LibsqlStore(str(tmp_path / "a.db"), sync_url=server.http_url, auth_token=server.rw_token)
+    reader = LibsqlStore(str(tmp_path / "b.db"), sync_url=server.http_url, auth_token=server.rw_token)
+    try:
+        writer.commit(Execution(id="x", definition_id="d"), [])
+        assert reader.load("x") is None, "its reads are never synced: harel's worker would drop the event"
+    finally:
+        writer.close()
+        reader.close()
