@@ -359,7 +359,12 @@ async def run_worker(
                 concurrency=options.concurrency,
             )
             tasks.append(
-                asyncio.create_task(harel_worker.run(stop, idle_sleep=options.idle_sleep), name="statecharts")
+                asyncio.create_task(
+                    _supervised(
+                        "statecharts", lambda: harel_worker.run(stop, idle_sleep=options.idle_sleep), stop
+                    ),
+                    name="statecharts",
+                )
             )
         for spec, fn in workflows:
             checkpointer = _MeteredCheckpointer(database)
@@ -418,6 +423,32 @@ async def run_worker(
         passes=report.passes,
     )
     return report
+
+
+async def _supervised(name: str, run: Callable[[], Any], stop: asyncio.Event) -> None:
+    """Run `run()` until `stop`; if it fails, log it and start it again after a backoff.
+
+    harel's worker loop ends with the first error of a claim or a timer sweep: once the retry
+    policy has given up on an unreachable primary, for instance. A worker process must outlive
+    that and carry on when the primary is back, as the durable loop does.
+    """
+    failures = 0
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            await run()
+            return
+        except Exception as exc:  # noqa: BLE001 - logged, and the loop starts again
+            failures = 1 if time.monotonic() - started > 60 else failures + 1
+            delay = min(0.5 * 2 ** (failures - 1), 10.0)
+            log.error(
+                "loop failed; restarting",
+                loop=name,
+                error=f"{type(exc).__name__}: {str(exc)[:300]}",
+                restart_in=delay,
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
 
 
 async def _durable_loop(loop: DurableWorker, stop: asyncio.Event, poll: float) -> None:

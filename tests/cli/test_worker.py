@@ -65,25 +65,35 @@ def outcome(settings, orders: list[str]) -> tuple[list[str], int, int, int]:
 
 
 def start_worker(env: dict[str, str], cwd: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
+    """`harel-edge worker` with JSON log lines going to `cwd/worker.log` (read by `log_of`)."""
+    log = (cwd / "worker.log").open("w")
+    process = subprocess.Popen(
         [COMMAND, "--log-format", "json", "--log-level", "info", "worker", "-D", EXAMPLES, *args],
         env=env,
         cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
         text=True,
     )
+    process.log_path = cwd / "worker.log"  # type: ignore[attr-defined]
+    log.close()
+    return process
+
+
+def log_of(process: subprocess.Popen) -> str:
+    return process.log_path.read_text()  # type: ignore[attr-defined]
 
 
 def stop(process: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 60) -> tuple[str, str]:
+    """Signal the worker, wait for it, and return ('', its log)."""
     process.send_signal(sig)
     try:
-        out, err = process.communicate(timeout=timeout)
+        process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         process.kill()
-        out, err = process.communicate()
-        raise AssertionError(f"the worker did not stop after {timeout} s:\n{err}") from None
-    return out, err
+        process.wait()
+        raise AssertionError(f"the worker did not stop after {timeout} s:\n{log_of(process)}") from None
+    return "", log_of(process)
 
 
 def wait_until(predicate, timeout: float = 60, process: subprocess.Popen | None = None):
@@ -93,7 +103,7 @@ def wait_until(predicate, timeout: float = 60, process: subprocess.Popen | None 
         if found:
             return found
         if process is not None and process.poll() is not None:
-            raise AssertionError(f"the worker exited early ({process.returncode}):\n{process.stderr.read()}")
+            raise AssertionError(f"the worker exited early ({process.returncode}):\n{log_of(process)}")
         time.sleep(0.1)
     raise AssertionError("timed out waiting")
 
@@ -290,3 +300,29 @@ def test_an_execution_started_from_the_command_line_runs_on_the_worker(tmp_path)
     finally:
         stop(process)
     assert exe.context["paid"] == 9.5 and exe.priority == 3
+
+
+@pytest.mark.sqld
+def test_a_worker_outlives_its_primarys_restart_and_carries_on(fresh_sqld_primary, tmp_path):
+    server = fresh_sqld_primary
+    values = {
+        "profile": "sqld",
+        "url": server.http_url,
+        "auth_token": server.rw_token,
+        "retry_deadline": "1",  # give up fast, so the loop itself has to survive the outage
+        "retry_attempts": "3",
+    }
+    settings = ExplicitSettings.load(**values)
+    seed_orders(settings, ["before"])
+    process = start_worker(env_for(values), tmp_path)
+    try:
+        wait_until(lambda: outcome(settings, ["before"])[0] == ["DONE"], process=process)
+        server.stop()
+        wait_until(lambda: "loop failed; restarting" in log_of(process), process=process)
+        server.restart()
+        seed_orders(settings, ["after"])
+        wait_until(lambda: outcome(settings, ["after"])[0] == ["DONE"], process=process)
+    finally:
+        _, stderr = stop(process)
+    assert process.returncode == 0, stderr
+    assert any(e["event"] == "loop failed; restarting" for e in events(stderr)), stderr
