@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -769,6 +770,10 @@ def worker(
 
     g: Globals = ctx.obj
     settings = g.settings(**({"metrics_port": metrics_port} if metrics_port is not None else {}))
+    if "worker_id" not in settings.model_fields_set:
+        # The default, hostname-pid, is the same in every container of a scaled service (one
+        # host name, pid 1): a suffix tells their log lines and leases apart.
+        settings = settings.model_copy(update={"worker_id": f"{settings.worker_id}-{secrets.token_hex(2)}"})
     options = WorkerOptions(
         definitions_dir=definitions,
         workflows=tuple(parse_workflow(w) for w in workflow or ()),
