@@ -91,6 +91,7 @@ TRANSIENT_MARKERS = (
     "timeout performing handshake",
     "sync error",
     "replication error",
+    "snapshot not found",  # a new replica asked while sqld was compacting its log into a snapshot
     "timed out",
     "status=502",
     "status=503",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import re
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -76,8 +77,12 @@ def worker_main(name: str, settings: dict[str, Any], log_path: str, started, sto
     transport = LibsqlTransport(settings=ExplicitSettings.load(**settings))
     retries: Counter[str] = Counter()
 
+    errors: set[str] = set()
+
     def count(_logger, _method, event_dict):
         retries[f"{event_dict.get('operation')}:{event_dict['event']}"] += 1
+        if event_dict.get("error"):
+            errors.add(re.sub(r"\d+", "N", event_dict["error"])[:160])
         raise structlog.DropEvent
 
     structlog.configure(processors=[count])
@@ -136,7 +141,7 @@ def worker_main(name: str, settings: dict[str, Any], log_path: str, started, sto
                 ack_start=ack_start,
                 ack_end=time.time(),
             )
-        write(kind="retries", counts=dict(retries), at=time.time())
+        write(kind="retries", counts=dict(retries), errors=sorted(errors), at=time.time())
     transport.close()
 
 
@@ -325,9 +330,11 @@ def analyse(records: list[dict], published: set[int], faults: dict[str, float]) 
     restart = faults.get("restart", float("inf"))
     after_restart = Counter(r["worker"] for r in records if r["kind"] == "ack" and r["ack_end"] > restart)
     retries: Counter[str] = Counter()
+    retried_errors: set[str] = set()
     for r in records:
         if r["kind"] == "retries":
             retries.update(r["counts"])
+            retried_errors.update(r.get("errors", ()))
     return {
         "published": len(published),
         "deliveries": sum(len(ds) for ds in deliveries.values()),
@@ -341,6 +348,7 @@ def analyse(records: list[dict], published: set[int], faults: dict[str, float]) 
         "errors": [r for r in records if r["kind"] == "error"],
         "acks_after_restart_by_worker": dict(after_restart),
         "retry_log": dict(sorted(retries.items())),
+        "retried_errors": sorted(retried_errors),
         "fault_seconds": {k: round(v - faults["pause"], 2) for k, v in faults.items()},
     }
 

@@ -48,6 +48,10 @@ TRANSIENT_TEXTS = {
     "replica, after a failed transaction": "connection has reached an invalid state, started with Init",
     "local, busy": "database is locked",
     "reset": "Hrana: `http error: `connection reset by peer``",
+    # seen here opening a new replica while sqld compacted its replication log (benchmarks)
+    "replica open during log compaction": "replication error: Replicator client error: status: Unavailable, "
+    'message: "snapshot not found", details: [], metadata: MetadataMap { headers: {"content-type": '
+    '"application/grpc-web+proto"',
 }
 
 PERMANENT_TEXTS = {
