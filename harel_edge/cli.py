@@ -244,7 +244,18 @@ def check_writable(settings: EdgeSettings, *, adopt: bool = False) -> None:
     try:
         facts = database_facts(primary.execute)
         check_usable(facts, settings.prefix, settings.server or "", adopt=adopt)
-        if write_access(primary.execute, facts, settings.prefix) is False:
+        allowed = write_access(primary.execute, facts, settings.prefix)
+        if allowed is None:
+            # No harel_edge table to aim a no-op write at: the command is about to create the
+            # schema, so a write of the version the file already has is no change worth avoiding.
+            try:
+                primary.execute(f"PRAGMA user_version = {int(facts.user_version)}")
+                allowed = True
+            except ValueError as exc:
+                if not isinstance(explain_connect_error(settings, exc), AuthError):
+                    raise
+                allowed = False
+        if not allowed:
             raise AuthError(READ_ONLY_TOKEN.format(where=settings.server))
     finally:
         primary.close()

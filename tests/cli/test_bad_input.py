@@ -296,3 +296,10 @@ def test_the_token_never_appears_in_output_or_errors(stored, tmp_path):
         result = run(args, sqld_env(stored, auth_token=token), tmp_path)
         outputs.append(result.stdout + result.stderr)
     assert not any(token in text for text in outputs)
+
+
+@pytest.mark.parametrize("args", [["publish", "g", "E"], ["migrate"]], ids=lambda a: a[0])
+def test_a_read_only_token_is_refused_on_an_empty_primary_too(args, fresh_sqld_primary, tmp_path):
+    result = run(args, sqld_env(fresh_sqld_primary, auth_token=fresh_sqld_primary.ro_token), tmp_path)
+    assert_refused(result, 4, "reading only")
+    assert primary_rows(fresh_sqld_primary) == []
