@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 # The driver's Rust tracing prints INFO lines (one per replica handshake) to STDOUT, where they
-# mix with a program's own output. It reads RUST_LOG once, when first used: quiet it unless
+# mix with a program's own output. It reads RUST_LOG once, when `libsql` is imported: quiet it unless
 # the user asked for something.
 os.environ.setdefault("RUST_LOG", "error")
 

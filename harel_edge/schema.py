@@ -236,7 +236,7 @@ def migrate(execute: Execute, prefix: str = DEFAULT_PREFIX) -> int:
 
     Returns the version the file had before. Safe to run from every process at every start.
     """
-    found = int(execute("PRAGMA user_version")[0][0])
+    found = read_version(execute)
     if found > SCHEMA_VERSION:
         raise SchemaTooNewError(
             f"this database has schema version {found}, newer than {SCHEMA_VERSION} which this "
@@ -252,8 +252,15 @@ def migrate(execute: Execute, prefix: str = DEFAULT_PREFIX) -> int:
     return found
 
 
+def read_version(execute: Execute) -> int:
+    """The file's schema version. Read through the table-valued `pragma_user_version`: sqld
+    treats a PRAGMA statement as a write, so with a read-only token `PRAGMA user_version`
+    fails with a broken response instead of answering."""
+    return int(execute("SELECT user_version FROM pragma_user_version")[0][0])
+
+
 def has_routing_key(execute: Execute, prefix: str = DEFAULT_PREFIX) -> bool:
-    columns = execute(f"PRAGMA table_info({EdgeNames(prefix).groups})")
+    columns = execute(f"SELECT cid, name FROM pragma_table_info('{EdgeNames(prefix).groups}')")
     return any(row[1] == "routing_key" for row in columns)
 
 

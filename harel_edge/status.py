@@ -59,7 +59,7 @@ def database_facts(execute: Execute) -> DatabaseFacts:
     ("unexpected EOF during chunk size line", measured on sqld 0.24.32), where the
     table-valued form is an ordinary read.
     """
-    version = int(execute("SELECT user_version FROM pragma_user_version")[0][0])
+    version = schema.read_version(execute)
     tables = [row[0] for row in execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
     return DatabaseFacts(True, version, tables)
 

@@ -317,7 +317,7 @@ class LibsqlTransport:
             self._conn.sync()
 
     def _check_schema(self) -> None:
-        version = int(self._conn.execute("PRAGMA user_version")[0][0])
+        version = schema.read_version(self._conn.execute)
         if version > schema.SCHEMA_VERSION:
             raise SchemaTooNewError(
                 f"this database has schema version {version}, newer than {schema.SCHEMA_VERSION}: "
