@@ -47,7 +47,11 @@ TRANSIENT_TEXTS = {
     "replica, write lock held 5 s": "Remote SQlite failure: `2:0:Transaction timed-out`",
     "replica, after a failed transaction": "connection has reached an invalid state, started with Init",
     "local, busy": "database is locked",
-    "reset": "Hrana: `http error: `connection reset by peer``",
+    # seen in tests/chaos/test_transport_faults.py when the primary was SIGKILLed mid-request
+    "remote, killed mid-request": "Hrana: `http error: `connection closed before message completed``",
+    "remote, reset": "Hrana: `http error: `connection error: Connection reset by peer (os error 104)``",
+    "replica write, reset": 'Write delegation: `status: Unknown, message: "connection error: Connection reset by '
+    'peer (os error 104)", details: [], metadata: MetadataMap { headers: {} }`',
     # seen here opening a new replica while sqld compacted its replication log (benchmarks)
     "replica open during log compaction": "replication error: Replicator client error: status: Unavailable, "
     'message: "snapshot not found", details: [], metadata: MetadataMap { headers: {"content-type": '
@@ -94,7 +98,9 @@ def test_the_drivers_sql_and_auth_errors_are_permanent(text):
 
 
 @pytest.mark.parametrize(
-    "key", ["remote, restarted", "remote, idle stream"], ids=["invalid baton", "STREAM_EXPIRED"]
+    "key",
+    ["remote, restarted", "remote, idle stream", "remote, killed mid-request"],
+    ids=["invalid baton", "STREAM_EXPIRED", "connection closed"],
 )
 def test_a_dead_remote_stream_asks_for_a_new_connection(key):
     assert retry.needs_reopen(ValueError(TRANSIENT_TEXTS[key]))
