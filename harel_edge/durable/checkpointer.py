@@ -41,6 +41,7 @@ from harel_edge.durable.types import (
     from_seconds,
     to_seconds,
 )
+from harel_edge.procpool import execute
 from harel_edge.schema import DB_NOW
 
 # Every statement gets the current time as one parameter: a number from an injected clock, or
@@ -182,22 +183,14 @@ class LibsqlCheckpointer:
         On a replica this syncs first: a pass must see what earlier passes recorded, wherever
         they ran.
         """
-
-        def work(connection: EdgeConnection) -> list[tuple]:
-            connection.sync()
-            return connection.execute(_LOAD, (workflow,))
-
-        rows = await self.database.call("durable.load", work)
+        rows = await self.database.call("durable.load", _read_synced, _LOAD, (workflow,), any_connection=True)
         return {step: self.codec.decode(value) for step, value in rows}
 
     async def history(self, workflow: str) -> dict[str, Written]:
         """The same records as `load`, each with when it was written (by the writer's clock)."""
-
-        def work(connection: EdgeConnection) -> list[tuple]:
-            connection.sync()
-            return connection.execute(_HISTORY, (workflow,))
-
-        rows = await self.database.call("durable.history", work)
+        rows = await self.database.call(
+            "durable.history", _read_synced, _HISTORY, (workflow,), any_connection=True
+        )
         return {
             step: Written(self.codec.decode(value), from_seconds(written_at))
             for step, value, written_at in rows
@@ -213,7 +206,7 @@ class LibsqlCheckpointer:
         """
         budget_s, alive_s = _positive(budget, "budget"), _positive(alive, "alive")
         rows = await self.database.call(
-            "durable.claim", lambda c: c.execute(_CLAIM, (workflow, budget_s, alive_s, self._at()))
+            "durable.claim", execute, _CLAIM, (workflow, budget_s, alive_s, self._at()), any_connection=True
         )
         if not rows:
             return None
@@ -225,7 +218,10 @@ class LibsqlCheckpointer:
         budget_s, alive_s = _positive(budget, "budget"), _positive(alive, "alive")
         rows = await self.database.call(
             "durable.extend",
-            lambda c: c.execute(_EXTEND, (holder.workflow, holder.token, budget_s, alive_s, self._at())),
+            execute,
+            _EXTEND,
+            (holder.workflow, holder.token, budget_s, alive_s, self._at()),
+            any_connection=True,
         )
         return bool(rows)
 
@@ -237,14 +233,22 @@ class LibsqlCheckpointer:
         """
         alive_s = _positive(alive, "alive")
         rows = await self.database.call(
-            "durable.renew", lambda c: c.execute(_RENEW, (holder.workflow, holder.token, alive_s, self._at()))
+            "durable.renew",
+            execute,
+            _RENEW,
+            (holder.workflow, holder.token, alive_s, self._at()),
+            any_connection=True,
         )
         return bool(rows) and rows[0][0] is not None
 
     async def release(self, holder: Pass) -> None:
         """Give the workflow up now, so the next pass need not wait for the claim to lapse."""
         await self.database.call(
-            "durable.release", lambda c: c.execute(_RELEASE, (holder.workflow, holder.token, self._at()))
+            "durable.release",
+            execute,
+            _RELEASE,
+            (holder.workflow, holder.token, self._at()),
+            any_connection=True,
         )
 
     # ---- writing -----------------------------------------------------------------------------
@@ -258,11 +262,14 @@ class LibsqlCheckpointer:
         text = self.codec.encode(value)
         rows = await self.database.call(
             "durable.record",
-            lambda c: c.execute(_RECORD, (holder.workflow, key, text, holder.token, self._at())),
+            execute,
+            _RECORD,
+            (holder.workflow, key, text, holder.token, self._at()),
+            any_connection=True,
         )
         held, existed, stored, written_at = rows[0]
         if not held:
-            raise FencedError(_fenced(holder))
+            raise FencedError(_fenced(holder.workflow, holder.token))
         return Recorded(key, self.codec.decode(stored), from_seconds(written_at), fresh=not existed)
 
     async def transact(self, holder: Pass, key: str, effect: LibsqlEffect) -> object:
@@ -289,34 +296,18 @@ class LibsqlCheckpointer:
         effects short anyway (sqld aborts a transaction after 5 s when another writer waits).
         """
 
-        def attempt(connection: EdgeConnection) -> str:
-            connection.execute("BEGIN IMMEDIATE")
-            try:
-                rows = connection.execute(_TRANSACT_FENCE, (holder.workflow, holder.token, key, self._at()))
-                if not rows:
-                    raise FencedError(_fenced(holder))
-                if rows[0][0] is not None:  # a replay: recorded already, perform nothing
-                    connection.execute("ROLLBACK")
-                    return rows[0][0]
-                result = effect(Transaction(connection))
-                text = self.codec.encode(result)
-                held, _, stored, _ = connection.execute(
-                    _RECORD, (holder.workflow, key, text, holder.token, self._at())
-                )[0]
-                if not held:  # the budget ran out while the effect ran
-                    raise FencedError(_fenced(holder))
-                connection.execute("COMMIT")
-                return stored
-            except BaseException:
-                _roll_back(connection)
-                raise
-
-        def committed(connection: EdgeConnection) -> str | None:
-            """After an attempt failed somewhere unknown: is the step's row on the primary?"""
-            rows = connection.execute(_LOOKUP, (holder.workflow, key))
-            return rows[0][0] if rows else None
-
-        return self.codec.decode(await self.database.call("durable.transact", attempt, resolve=committed))
+        stored = await self.database.call(
+            "durable.transact",
+            _transact,
+            holder.workflow,
+            holder.token,
+            key,
+            effect,
+            self.codec,
+            self.now,
+            resolve=_committed,
+        )
+        return self.codec.decode(stored)
 
     async def supply(self, workflow: str, key: str, value: object) -> object:
         """File a value under `key` from outside the workflow (no claim needed).
@@ -326,7 +317,7 @@ class LibsqlCheckpointer:
         """
         text = self.codec.encode(value)
         rows = await self.database.call(
-            "durable.supply", lambda c: c.execute(ARRIVE, (workflow, key, text, None, self._at()))
+            "durable.supply", execute, ARRIVE, (workflow, key, text, None, self._at()), any_connection=True
         )
         return self.codec.decode(rows[0][0])
 
@@ -350,7 +341,7 @@ class LibsqlCheckpointer:
         raised number stays behind; nothing sweeps it.
         """
         rows = await self.database.call(
-            "durable.discard", lambda c: c.execute(DISCARD, (workflow, None, self._at()))
+            "durable.discard", execute, DISCARD, (workflow, None, self._at()), any_connection=True
         )
         return int(rows[0][0])
 
@@ -362,18 +353,72 @@ def _positive(span: timedelta, name: str) -> float:
     return seconds
 
 
-def _fenced(holder: Pass) -> str:
+def _fenced(workflow: str, token: int) -> str:
     return (
-        f"workflow {holder.workflow!r}: pass {holder.token} no longer holds it (taken over, released, "
+        f"workflow {workflow!r}: pass {token} no longer holds it (taken over, released, "
         "or out of budget); stop this pass, the workflow continues in the one that holds it"
     )
+
+
+# ---- the work functions: module-level, so that on sqld and replica they run whole in the
+# Database's worker process, next to the connection (see harel_edge.durable.database) ----------
+
+
+def _read_synced(connection: EdgeConnection, sql: str, params: tuple) -> list[tuple]:
+    """On a replica, sync first: a pass must see what earlier passes recorded, wherever they ran."""
+    connection.sync()
+    return connection.execute(sql, params)
+
+
+def _transact(
+    connection: EdgeConnection,
+    workflow: str,
+    token: int,
+    key: str,
+    effect: LibsqlEffect,
+    codec: CheckpointCodec[str],
+    now: Callable[[], datetime] | None,
+) -> str:
+    """One attempt of `transact`: fence, replay check, effect, record, COMMIT, in one transaction.
+
+    `now` is read at the fence and again at the record, so the sign of life the record gives
+    is measured when the effect has ended.
+    """
+
+    def at() -> float | None:
+        return None if now is None else to_seconds(now())
+
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        rows = connection.execute(_TRANSACT_FENCE, (workflow, token, key, at()))
+        if not rows:
+            raise FencedError(_fenced(workflow, token))
+        if rows[0][0] is not None:  # a replay: recorded already, perform nothing
+            connection.execute("ROLLBACK")
+            return rows[0][0]
+        result = effect(Transaction(connection))
+        text = codec.encode(result)
+        held, _, stored, _ = connection.execute(_RECORD, (workflow, key, text, token, at()))[0]
+        if not held:  # the budget ran out while the effect ran
+            raise FencedError(_fenced(workflow, token))
+        connection.execute("COMMIT")
+        return stored
+    except BaseException:
+        _roll_back(connection)
+        raise
+
+
+def _committed(connection: EdgeConnection, workflow: str, token: int, key: str, *_: object) -> str | None:
+    """After a `transact` attempt failed somewhere unknown: is the step's row on the primary?"""
+    rows = connection.execute(_LOOKUP, (workflow, key))
+    return rows[0][0] if rows else None
 
 
 def _roll_back(connection: EdgeConnection) -> None:
     """Best effort, so a failed transaction is not left open; the retry policy's recovery
     replaces a connection that cannot even roll back."""
     try:
-        if connection.raw is not None and connection.raw.in_transaction:
+        if connection.in_transaction:
             connection.execute("ROLLBACK")
     except Exception:  # noqa: BLE001 - the rollback's own failure tells nothing new
         pass

@@ -17,6 +17,7 @@ from harel_edge.durable.database import Database
 from harel_edge.durable.scheduler import LibsqlScheduler
 from harel_edge.durable.types import Entry
 from harel_edge.errors import HarelEdgeError
+from harel_edge.procpool import execute
 
 
 class SeparateDatabasesError(HarelEdgeError, ValueError):
@@ -55,9 +56,10 @@ class LibsqlDurable:
         text = self.checkpointer.codec.encode(value)
         rows = await self.database.call(
             "durable.arrive",
-            lambda c: c.execute(
-                ARRIVE, (workflow, key, text, self.scheduler.namespace, self.scheduler._at())
-            ),
+            execute,
+            ARRIVE,
+            (workflow, key, text, self.scheduler.namespace, self.scheduler._at()),
+            any_connection=True,
         )
         self.scheduler.notify()
         return self.checkpointer.codec.decode(rows[0][0])
@@ -81,6 +83,9 @@ class LibsqlDurable:
         """
         rows = await self.database.call(
             "durable.delete",
-            lambda c: c.execute(DISCARD, (workflow, self.scheduler.namespace, self.checkpointer._at())),
+            execute,
+            DISCARD,
+            (workflow, self.scheduler.namespace, self.checkpointer._at()),
+            any_connection=True,
         )
         return int(rows[0][0])

@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 
 from harel_edge.durable.database import Database, migrate
 from harel_edge.durable.types import LEASE, POLL, Delivery, to_seconds
+from harel_edge.procpool import execute
 from harel_edge.schema import DB_NOW
 
 _NOW = "(SELECT COALESCE(?{n}, " + DB_NOW + ") AS now) AS t"
@@ -117,7 +118,7 @@ class LibsqlScheduler:
         """
         at = self._at() if when is None else to_seconds(when)
         await self.database.call(
-            "durable.make_ready", lambda c: c.execute(_MAKE_READY, (self.namespace, workflow, at))
+            "durable.make_ready", execute, _MAKE_READY, (self.namespace, workflow, at), any_connection=True
         )
         self.notify()
 
@@ -125,7 +126,7 @@ class LibsqlScheduler:
         """Make the workflow visible at `visible_at`, whatever its row said before."""
         at = to_seconds(visible_at)
         await self.database.call(
-            "durable.schedule", lambda c: c.execute(_SCHEDULE, (self.namespace, workflow, at))
+            "durable.schedule", execute, _SCHEDULE, (self.namespace, workflow, at), any_connection=True
         )
         self.notify()
 
@@ -139,7 +140,10 @@ class LibsqlScheduler:
         at = to_seconds(when)
         await self.database.call(
             "durable.wake_at",
-            lambda c: c.execute(_WAKE_AT, (self.namespace, delivery.workflow, delivery.receipt, at)),
+            execute,
+            _WAKE_AT,
+            (self.namespace, delivery.workflow, delivery.receipt, at),
+            any_connection=True,
         )
 
     async def wake_due(self, now: datetime) -> tuple[str, ...]:
@@ -160,7 +164,14 @@ class LibsqlScheduler:
         deadline = time.monotonic() + within.total_seconds()
         while True:
             self._ready.clear()  # before looking, so a signal during the look is not lost
-            delivery, until_next = await self.database.call("durable.next_ready", self._take)
+            delivery, until_next = await self.database.call(
+                "durable.next_ready",
+                _take,
+                self.namespace,
+                self.lease_seconds,
+                self._at(),
+                any_connection=True,
+            )
             if delivery is not None:
                 return delivery
             remaining = deadline - time.monotonic()
@@ -174,14 +185,6 @@ class LibsqlScheduler:
             except TimeoutError:
                 pass
 
-    def _take(self, connection) -> tuple[Delivery | None, float | None]:  # noqa: ANN001 - EdgeConnection
-        at = self._at()
-        rows = connection.execute(_TAKE, (self.namespace, self.lease_seconds, at))
-        if rows:
-            return Delivery(rows[0][0], rows[0][1]), None
-        rows = connection.execute(_UNTIL_NEXT, (self.namespace, at))
-        return None, (rows[0][0] if rows else None)
-
     async def extend(self, delivery: Delivery, within: timedelta) -> Delivery:
         """Keep the workflow invisible for `within` more; returns the delivery to use from now on.
 
@@ -192,9 +195,10 @@ class LibsqlScheduler:
         seconds = within.total_seconds()
         rows = await self.database.call(
             "durable.extend_delivery",
-            lambda c: c.execute(
-                _EXTEND, (self.namespace, delivery.workflow, delivery.receipt, seconds, self._at())
-            ),
+            execute,
+            _EXTEND,
+            (self.namespace, delivery.workflow, delivery.receipt, seconds, self._at()),
+            any_connection=True,
         )
         return Delivery(delivery.workflow, rows[0][0]) if rows else delivery
 
@@ -204,10 +208,28 @@ class LibsqlScheduler:
         A pass still running then finds nothing to update: its `wake_at` and `done` carry a
         receipt no row has, so a cancelled workflow is not put back to sleep.
         """
-        await self.database.call("durable.cancel", lambda c: c.execute(_CANCEL, (self.namespace, workflow)))
+        await self.database.call(
+            "durable.cancel", execute, _CANCEL, (self.namespace, workflow), any_connection=True
+        )
 
     async def done(self, delivery: Delivery) -> None:
         """Drop the workflow, unless something asked for another pass while this one ran."""
         await self.database.call(
-            "durable.done", lambda c: c.execute(_DONE, (self.namespace, delivery.workflow, delivery.receipt))
+            "durable.done",
+            execute,
+            _DONE,
+            (self.namespace, delivery.workflow, delivery.receipt),
+            any_connection=True,
         )
+
+
+def _take(  # noqa: ANN001 - connection: an EdgeConnection
+    connection, namespace: str, lease_seconds: float, at: float | None
+) -> tuple[Delivery | None, float | None]:
+    """The next visible workflow, or how long until the earliest becomes visible. A module-level
+    function, so that on sqld and replica it runs whole next to the connection, in one request."""
+    rows = connection.execute(_TAKE, (namespace, lease_seconds, at))
+    if rows:
+        return Delivery(rows[0][0], rows[0][1]), None
+    rows = connection.execute(_UNTIL_NEXT, (namespace, at))
+    return None, (rows[0][0] if rows else None)
