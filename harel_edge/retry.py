@@ -67,6 +67,9 @@ PERMANENT_MARKERS = (
     "read-only",
     "not a database",
     "malformed",
+    # libsql >= 0.1.9 against sqld 0.24: a newer sync protocol than the server speaks
+    "failed to pull db export",
+    "invalid local state",
 )
 
 # Transient: the link, sqld's own expiries, or the write lock being held by someone else.

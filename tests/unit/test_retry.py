@@ -84,6 +84,9 @@ PERMANENT_TEXTS = {
     "replica, read-only token writes": 'Write delegation: `status: PermissionDenied, message: "Authorization '
     "forbidden: Current session doesn't not have Write permission to namespace default\"`",
     "remote, journal_mode": "unsupported statement",
+    # FACTS.md: a libsql release newer than 0.1.8 against sqld 0.24
+    "replica, driver too new (404)": "failed to pull db export: status=404",
+    "replica, driver too new (generation)": "invalid local state: generation is 0",
 }
 
 
