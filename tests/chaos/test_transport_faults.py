@@ -273,13 +273,9 @@ def test_workers_lose_nothing_and_duplicate_only_lapsed_leases_when_the_primary_
     assert len(report["acks_after_restart_by_worker"]) == WORKERS, (
         f"every worker kept working after the primary came back, without being restarted: {report}"
     )
-    if report["acked_twice"]:
-        # Known defect, reported to the transport's owner, reproduced deterministically by
-        # tests/unit/test_retry.py::test_an_ack_that_failed_and_lost_its_lease_meanwhile_reports_the_lease_lost.
-        pytest.xfail(
-            "an ack that failed transiently and whose lease lapsed meanwhile is looked up, finds the "
-            f"message held by another worker, and reports success: {report['acked_twice']}"
-        )
+    assert not report["acked_twice"], (
+        f"a lease that was lost was acked as if it held: {report['acked_twice']}"
+    )
 
 
 def read(logs: list[Path]) -> list[dict]:

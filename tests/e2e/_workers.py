@@ -47,6 +47,7 @@ if __package__ in (None, ""):  # run as a script: make the checkout importable w
 from harel.engine.schema import Names  # noqa: E402
 from harel.engine.transport import Lease  # noqa: E402
 
+from harel_edge import retry  # noqa: E402
 from harel_edge.connection import EdgeConnection  # noqa: E402
 from harel_edge.settings import EdgeSettings, ExplicitSettings  # noqa: E402
 from harel_edge.transport import LibsqlTransport  # noqa: E402
@@ -100,6 +101,11 @@ class PrimaryLog:
             self._conn.execute(statement)
 
     def record(self, kind: str, lease: Lease) -> None:
+        # Under the retry policy like any write: sqld answers SQLITE_BUSY when four workers
+        # contend for its write lock (a refusal before anything was written, so no duplicate).
+        retry.call_with_retry(self._conn.settings, "log", lambda: self._record(kind, lease))
+
+    def _record(self, kind: str, lease: Lease) -> None:
         self._conn.execute(
             f"INSERT INTO {LOG_TABLE} (worker, kind, seq, group_id, message, token, claimed_at, held)"
             f" VALUES (?, ?, ?, ?, ?, ?,"
