@@ -191,7 +191,17 @@ def call_with_retry(
     attempt may have reached the primary, `resolve()` looks up whether it took effect: a value
     other than None is the result and nothing is sent again; None means "not applied", and
     `attempt` runs again.
+
+    The first attempt runs before any policy object exists: nearly every call succeeds at once,
+    and building tenacity's machinery for it cost ~75 us, a tenth of a local claim.
     """
+    try:
+        return attempt()
+    except BaseException as exc:
+        if not is_transient(exc):
+            log.info("not retried", operation=operation, attempt=1, error=_error_text(exc))
+            raise
+        first = exc
     latest: BaseException | None = None  # the transient failure recovery must repair
     unsettled = False  # an attempt was sent and its outcome is unknown
     tries = 0
@@ -200,6 +210,9 @@ def call_with_retry(
             with tried:
                 tries += 1
                 try:
+                    if tries == 1:
+                        unsettled = True
+                        raise first  # the attempt that already failed, counted by the policy
                     if latest is not None:
                         if recover is not None:
                             recover(latest)
