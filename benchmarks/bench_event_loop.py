@@ -22,9 +22,10 @@ designs (threads: `async_processes=0`, the connection in this process; processes
 the connection in a worker process, plus spare processes on sqld for operations without a
 transaction). Operations, each coroutine on a workflow of its own: `record` (one statement),
 `transact` (BEGIN IMMEDIATE, fence, an INSERT effect, record, COMMIT: one request to the
-worker), `queue` (make_ready, next_ready, done: three operations per cycle), and `transact/N db`
-(each coroutine with a Database of its own: N connections; processes design only, since N
-connections in one process in transactions time out on sqld, FACTS.md).
+worker), `queue` (make_ready, next_ready, done: one cycle, three operations, counts as one), and
+`record/N db`, `transact/N db` (each coroutine with a Database of its own: N connections;
+processes design only, since N connections in one process, in transactions, time out on sqld,
+FACTS.md).
 
     .venv/bin/python benchmarks/bench_event_loop.py --durable
     .venv/bin/python benchmarks/bench_event_loop.py --durable --profiles sqld --ops record --inflight 1,8
@@ -52,6 +53,7 @@ from harel.spec.states import Event
 
 from harel_edge import AsyncLibsqlTransport, Message
 from harel_edge.durable import LibsqlCheckpointer, LibsqlScheduler, connect, migrate
+from harel_edge.procpool import worker_settings
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import start_sqld_primary
 from harel_edge.testing.proxy import LatencyProxy
@@ -178,7 +180,7 @@ async def run_profile(profile: str, args, tmp: Path, url: str | None, token: str
 
 # ---- the durable stores (--durable) ------------------------------------------------------------
 
-DURABLE_OPS = ("record", "transact", "queue", "transact/N db")
+DURABLE_OPS = ("record", "transact", "queue", "record/N db", "transact/N db")
 _EFFECTS = "CREATE TABLE IF NOT EXISTS bench_effects (id INTEGER PRIMARY KEY, workflow TEXT, step TEXT)"
 
 
@@ -197,8 +199,9 @@ async def measure_durable(settings, op: str, inflight: int, seconds: float, proc
     from datetime import timedelta
 
     settings = settings.model_copy(update={"async_processes": processes})
-    count = inflight if op == "transact/N db" else 1
-    databases = [connect(settings) for _ in range(count)]
+    count = inflight if op.endswith("/N db") else 1
+    # On a replica every Database needs a replica file of its own (worker_settings names them).
+    databases = [connect(worker_settings(settings, k)) for k in range(count)]
     try:
         for database in databases:
             await database.start()
@@ -216,7 +219,7 @@ async def measure_durable(settings, op: str, inflight: int, seconds: float, proc
         deadline = 0.0
 
         async def one(k: int, i: int) -> None:
-            if op == "record":
+            if op.startswith("record"):
                 await checkpointers[k].record(holders[k], f"s{i}", i)
             elif op.startswith("transact"):
                 effect = functools.partial(bench_effect, workflows[k], f"s{i}")
@@ -272,7 +275,7 @@ async def run_durable_profile(profile: str, args, tmp: Path, url: str, token: st
     for design in args.designs.split(","):
         processes = 0 if design == "threads" else args.durable_processes
         for op in args.ops.split(","):
-            if op == "transact/N db" and processes == 0:
+            if op.endswith("/N db") and processes == 0:
                 # N connections in one process, each in a transaction: a waiter holds the GIL
                 # while the lock holder cannot run, and sqld aborts the holder after 5 s
                 # (FACTS.md). That is the failure processes exist to avoid, not a measurement.
