@@ -146,7 +146,7 @@ def main() -> int:
         print(f"{'transport':30} {'publish/s':>10} {'claim+ack/s':>12} {'claim p50 ms':>13}")
         summary = {}
         for name, rows in results.items():
-            pub, drain, p50 = (statistics.median(col) for col in zip(*rows))
+            pub, drain, p50 = (statistics.median(col) for col in zip(*rows, strict=True))
             summary[name] = (pub, drain, p50)
             print(f"{name:30} {pub:10.0f} {drain:12.0f} {p50:13.3f}")
         batch = statistics.median(batch_rates)
