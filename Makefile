@@ -31,8 +31,13 @@ test-local: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check harel_edge tests benchmarks
 
-bench: $(STAMP)
-	$(PY) benchmarks/run_all.py
+## Every benchmark in turn (each prints its table; the sqld ones start their own sqld).
+bench: $(STAMP) sqld-binary
+	$(PY) benchmarks/bench_transport.py
+	$(PY) benchmarks/bench_durable.py
+	HAREL_EDGE_SQLD_BACKEND=binary $(PY) benchmarks/bench_claim_shapes.py
+	HAREL_EDGE_SQLD_BACKEND=binary $(PY) benchmarks/bench_event_loop.py
+	HAREL_EDGE_SQLD_BACKEND=binary $(PY) benchmarks/bench_sync_interval.py
 
 docker:
 	bash scripts/start-docker.sh
