@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+import multiprocessing
 import os
 import pickle
 from collections.abc import Callable
@@ -49,6 +51,8 @@ from harel_edge.procpool import open_connection as open_in_worker
 from harel_edge.settings import EdgeSettings
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 _CLOSED = "this durable Database was closed: open a new one with harel_edge.durable.connect"
 
@@ -402,7 +406,8 @@ def connect(settings: EdgeSettings | None = None, **overrides: Any) -> Database:
     `await database.start()`), so round trips never freeze the event loop; on sqld up to
     `async_processes - 1` spare processes take operations that need no transaction while the
     main one is busy. `async_processes=0` keeps the connection in this process on those
-    profiles too (the thread design). A worker process is spawned, so a program that uses
+    profiles too (the thread design), and so does a daemonic process (`Process(daemon=True)`),
+    which multiprocessing does not let start children. A worker process is spawned, so a program that uses
     this needs the usual `if __name__ == "__main__":` guard around its start.
 
     `connect()` reads the environment; keywords override single settings.
@@ -412,7 +417,13 @@ def connect(settings: EdgeSettings | None = None, **overrides: Any) -> Database:
     elif overrides:
         settings = settings.model_copy(update=overrides)
     if settings.profile in ("sqld", "replica") and settings.async_processes > 0:
-        return Database.in_process(settings, spares=settings.async_processes - 1)
+        if not multiprocessing.current_process().daemon:
+            return Database.in_process(settings, spares=settings.async_processes - 1)
+        # A daemonic process may not have children (multiprocessing refuses to start them).
+        log.warning(
+            "durable Database in a daemonic process: its connection stays on a thread here, "
+            "and each round trip to the primary pauses the event loop"
+        )
     return Database(open_connection(settings))
 
 

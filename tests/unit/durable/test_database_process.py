@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import multiprocessing
 import os
 import threading
 import time
@@ -80,6 +81,20 @@ def charge(workflow: str, tx) -> list:
         "INSERT INTO durable_effects (workflow, step) VALUES (?, 'charge') RETURNING id", (workflow,)
     )
     return [row[0][0], os.getpid()]
+
+
+def report_design_in_a_daemon(settings: dict, answer) -> None:  # noqa: ANN001 - a Connection
+    """A daemonic process's view: which design connect() chose, and whether it works."""
+
+    async def look() -> tuple[int, bool, list]:
+        database = connect(EdgeSettings(**settings))
+        try:
+            rows = await database.run(lambda c: c.execute("SELECT 1"))
+            return database.processes, isinstance(database.connection, EdgeConnection), rows
+        finally:
+            await database.aclose()
+
+    answer.send(asyncio.run(look()))
 
 
 # ---- helpers -------------------------------------------------------------------------------------
@@ -355,3 +370,19 @@ def test_the_loop_keeps_ticking_while_a_durable_operation_crosses_a_slow_link(
         counts = asyncio.run(scenario(proxy))
     assert counts["processes"] >= 20, f"the loop ticked during the claim: {counts}"
     assert counts["processes"] >= 5 * (counts["threads"] + 1), f"far more than on a frozen loop: {counts}"
+
+
+def test_in_a_daemonic_process_connect_keeps_the_connection_on_a_thread(sqld_primary) -> None:
+    """multiprocessing lets no daemonic process start children, so there it is the thread design."""
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    settings = {"profile": "sqld", "url": sqld_primary.http_url, "auth_token": sqld_primary.rw_token}
+    child = context.Process(target=report_design_in_a_daemon, args=(settings, theirs), daemon=True)
+    child.start()
+    try:
+        assert ours.poll(120), "the daemonic process answered"
+        processes, in_process, rows = ours.recv()
+    finally:
+        child.join(30)
+    assert child.exitcode == 0
+    assert processes == 0 and in_process and rows == [(1,)]
