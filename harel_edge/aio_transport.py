@@ -34,7 +34,7 @@ from harel.spec.states import Event
 
 from harel_edge.errors import HarelEdgeError
 from harel_edge.offload import OneAtATime
-from harel_edge.procpool import ProcessPool, worker_settings
+from harel_edge.procpool import ProcessPool, can_spawn, worker_settings
 from harel_edge.settings import EdgeSettings
 from harel_edge.transport import Clock, LibsqlTransport, Message, _explicit_settings
 
@@ -113,7 +113,7 @@ class AsyncLibsqlTransport:
             processes = settings.async_processes
         if processes < 0:
             raise ValueError(f"processes must be 0 (threads) or more, got {processes!r}")
-        if settings.profile == "local" or processes == 0:
+        if settings.profile == "local" or processes == 0 or not can_spawn():
             # Opening (and on a replica, the first sync) is a round trip: on a thread.
             sync = await asyncio.to_thread(
                 LibsqlTransport, settings=settings, clock=clock, create_schema=create_schema

@@ -54,6 +54,12 @@ _CLOSE = None  # the request that asks a worker to close its resource and exit
 _JOIN_TIMEOUT = 10.0
 
 
+def can_spawn() -> bool:
+    """Whether this process may start worker processes: a daemonic process may not (Python
+    forbids it), so code running in one, like a multiprocessing worker, keeps a thread."""
+    return not multiprocessing.current_process().daemon
+
+
 class WorkerProcessError(HarelEdgeError):
     """A worker process exited while a call was in it: whether that call took effect is unknown."""
 
