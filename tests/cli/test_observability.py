@@ -7,6 +7,7 @@ import json
 import logging
 
 import pytest
+import structlog
 from harel.spec.states import Event
 from prometheus_client import REGISTRY
 
@@ -18,6 +19,8 @@ from harel_edge.store import EdgeStore
 @pytest.fixture
 def log_lines():
     stream = io.StringIO()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
     observability.configure_logging("json", "info", stream=stream)
 
     def lines(event: str | None = None) -> list[dict]:
@@ -25,7 +28,11 @@ def log_lines():
         return [line for line in found if event is None or line["event"] == event]
 
     yield lines
-    observability.configure_logging("console", "warning")
+    # Back to structlog's defaults, as other tests expect (a warning-level filter left behind
+    # here would hide the info lines tests/unit/test_retry.py captures).
+    structlog.reset_defaults()
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def sample(name: str, **labels: str) -> float:
