@@ -273,8 +273,13 @@ def test_workers_lose_nothing_and_duplicate_only_lapsed_leases_when_the_primary_
     assert len(report["acks_after_restart_by_worker"]) == WORKERS, (
         f"every worker kept working after the primary came back, without being restarted: {report}"
     )
-    assert not report["acked_twice"], (
-        f"a lease that was lost was acked as if it held: {report['acked_twice']}"
+    # Two acks of one message can both say True in one case only: the first holder's ack failed
+    # ambiguously after its lease lapsed, the next holder acked, and the look-up found the message
+    # gone ("done", whoever removed it: docs/consistency.md). That is a duplicate delivery of a
+    # lapsed lease, never a message that another worker still holds.
+    lapsed_seqs = {entry["seq"] for entry in report["duplicates_after_lapsed_lease"]}
+    assert set(report["acked_twice"]) <= lapsed_seqs, (
+        f"an ack said True for a lease that had not lapsed: {report}"
     )
 
 
