@@ -308,7 +308,7 @@ class RecordingConnection(EdgeConnection):
             raise
         if sql.lstrip().upper().startswith(("ALTER", "CREATE", "PRAGMA USER_VERSION =")):
             self.statements.append((sql[:60], "ok"))
-        if self._gate is not None and sql.upper().startswith("PRAGMA TABLE_INFO"):
+        if self._gate is not None and "TABLE_INFO" in sql.upper():
             gate, self._gate = self._gate, None
             gate.wait(timeout=60)
         return rows
