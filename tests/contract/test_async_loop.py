@@ -18,6 +18,7 @@ from harel.testing import assert_async_transport_contract
 
 from harel_edge import AsyncLibsqlTransport
 from harel_edge.procpool import PoolClosedError
+from harel_edge.testing.loop import ticks_during
 from harel_edge.testing.proxy import LatencyProxy
 
 REMOTE = [pytest.param("sqld", marks=pytest.mark.sqld), pytest.param("replica", marks=pytest.mark.sqld)]
@@ -71,30 +72,6 @@ def test_a_depth_counts_every_message_published_through_any_worker(edge):
     asyncio.run(main())
 
 
-async def _ticks_during(call) -> tuple[int, object]:
-    """How many times a 1 ms ticker woke while `call()` was awaited."""
-    ticks = 0
-    done = False
-    started = asyncio.Event()
-
-    async def ticker() -> None:
-        nonlocal ticks
-        started.set()
-        while not done:
-            await asyncio.sleep(0.001)
-            ticks += 1
-
-    task = asyncio.create_task(ticker())
-    await started.wait()
-    ticks = 0
-    try:
-        result = await call()
-    finally:
-        done = True
-        await task
-    return ticks, result
-
-
 def test_the_loop_keeps_ticking_while_a_remote_call_is_in_flight_through_a_slow_link(edge):
     if edge.profile == "local":
         pytest.skip("the local profile has no link to the primary")
@@ -110,7 +87,7 @@ def test_the_loop_keeps_ticking_while_a_remote_call_is_in_flight_through_a_slow_
             for name, t in (("threads", threads), ("processes", processes)):
                 before = proxy.stats()["chunks_up"]
                 # An UPDATE on every profile: on a replica it is delegated to the primary.
-                counts[name], lease = await _ticks_during(lambda t=t: t.claim("w", 30, min_priority=4))
+                counts[name], lease = await ticks_during(lambda t=t: t.claim("w", 30, min_priority=4))
                 assert lease is None
                 assert proxy.stats()["chunks_up"] > before, f"the {name} call went through the proxy"
             return counts

@@ -33,6 +33,7 @@ from harel_edge.durable import (
     migrate,
 )
 from harel_edge.settings import EdgeSettings
+from harel_edge.testing.loop import ticks_during
 from harel_edge.testing.proxy import LatencyProxy
 
 pytestmark = pytest.mark.sqld
@@ -313,30 +314,6 @@ def test_a_replica_database_keeps_one_connection_and_reads_its_own_writes(
     assert sorted(row[0] for row in local) == sorted(names)
 
 
-async def _ticks_during(call) -> int:
-    """How many times a 1 ms ticker woke while `call()` was awaited."""
-    ticks = 0
-    done = False
-    started = asyncio.Event()
-
-    async def ticker() -> None:
-        nonlocal ticks
-        started.set()
-        while not done:
-            await asyncio.sleep(0.001)
-            ticks += 1
-
-    task = asyncio.create_task(ticker())
-    await started.wait()
-    ticks = 0
-    try:
-        await call()
-    finally:
-        done = True
-        await task
-    return ticks
-
-
 @pytest.mark.parametrize("profile", ["sqld", "replica"])
 def test_the_loop_keeps_ticking_while_a_durable_operation_crosses_a_slow_link(
     profile, fresh_sqld_primary, tmp_path
@@ -358,7 +335,7 @@ def test_the_loop_keeps_ticking_while_a_durable_operation_crosses_a_slow_link(
                 checkpointer = LibsqlCheckpointer(database)
                 before = proxy.stats()["chunks_up"]
                 workflow = f"wf-{uuid.uuid4().hex[:12]}"
-                counts[design] = await _ticks_during(
+                counts[design], _ = await ticks_during(
                     lambda c=checkpointer, w=workflow: c.claim(w, BUDGET, ALIVE)
                 )
                 assert proxy.stats()["chunks_up"] > before, f"the {design} claim went through the proxy"
