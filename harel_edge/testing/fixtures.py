@@ -63,9 +63,8 @@ def _start(starter: Callable[..., SqldServer], *args: Any, **kwargs: Any) -> Sql
         sqld_unavailable(str(exc))
 
 
-@pytest.fixture(scope="session")
-def sqld_primary() -> Iterator[SqldServer]:
-    """A sqld primary shared by the session (auth on; ``rw_token`` / ``ro_token``)."""
+def _primary() -> Iterator[SqldServer]:
+    """Start a primary, hand it to the test, and remove it afterwards."""
     from harel_edge.testing.sqld import start_sqld_primary  # noqa: PLC0415
 
     server = _start(start_sqld_primary)
@@ -73,18 +72,18 @@ def sqld_primary() -> Iterator[SqldServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def sqld_primary() -> Iterator[SqldServer]:
+    """A sqld primary shared by the session (auth on; ``rw_token`` / ``ro_token``)."""
+    yield from _primary()
 
 
 @pytest.fixture
 def fresh_sqld_primary() -> Iterator[SqldServer]:
     """A sqld primary of this test alone: empty, and free to be killed, paused or restarted."""
-    from harel_edge.testing.sqld import start_sqld_primary  # noqa: PLC0415
-
-    server = _start(start_sqld_primary)
-    try:
-        yield server
-    finally:
-        server.close()
+    yield from _primary()
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from harel_edge.connection import EdgeConnection
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import wait_until
 from harel_edge.testing.fixtures import sqld_unavailable
+from harel_edge.testing.sqld import _pid_alive
 from harel_edge.transport import LibsqlTransport, Message
 
 pytestmark = [pytest.mark.sqld, pytest.mark.timeout(420)]
@@ -84,16 +85,6 @@ def _free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _remove_projects_of_dead_test_runs() -> None:
