@@ -38,10 +38,12 @@ SCHEMA_VERSION = 5
 
 PARKED = "__parked__"  # harel's sentinel `locked_by` for a message parked by nack(delay > 0)
 
-# The database's clock as epoch seconds with a fraction. Not `unixepoch('subsec')`: that needs
-# SQLite 3.42, and a default or trigger must also work when an older SQLite (Python's own
-# sqlite3, which harel's SqliteTransport uses) writes to the file; there it returns NULL.
-DB_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+# The database's clock as epoch seconds, exact to the millisecond (the resolution of SQLite's
+# 'now'), so it equals `unixepoch('subsec')` bit for bit instead of carrying julianday's float
+# noise. Not `unixepoch('subsec')` itself: that needs SQLite 3.42, and a default or trigger must
+# also work when an older SQLite (Python's own sqlite3, which harel's SqliteTransport uses)
+# writes to the file; there it returns NULL.
+DB_NOW = "(round((julianday('now') - 2440587.5) * 86400000.0) / 1000.0)"
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from harel.spec.states import Event
 from harel.testing import assert_async_transport_contract, assert_transport_contract
 
 from harel_edge import AsyncLibsqlTransport, LibsqlTransport, Message
+from harel_edge.schema import DB_NOW
 
 
 class Clock:
@@ -49,10 +50,23 @@ def test_the_database_clock_is_used_when_no_clock_is_injected(make_transport):
     t.publish("G", Event(kind="e1"))
     lease = t.claim("w", 30)
     assert lease is not None
-    (expiry, db_now), = t.connection.execute(
-        f"SELECT lock_expiry, unixepoch('subsec') FROM {t.settings.prefix}_transport_messages"
+    # Whole milliseconds: both clocks are exact to the millisecond, so only their difference in
+    # ms is meaningful (a float subtraction of two epoch values can be off by 1e-7 s).
+    (remaining_ms,), = t.connection.execute(
+        f"SELECT CAST(round((lock_expiry - unixepoch('subsec')) * 1000) AS INTEGER)"
+        f" FROM {t.settings.prefix}_transport_messages"
     )
-    assert 25 < expiry - db_now <= 30, "the lease deadline is the database's now plus the visibility"
+    assert 25_000 < remaining_ms <= 30_000, "the lease deadline is the database's now plus the visibility"
+
+
+def test_the_database_clock_is_exact_to_the_millisecond_like_unixepoch(make_transport):
+    t = make_transport()
+    for _ in range(200):
+        (ours, sqlite_own, below_ms), = t.connection.execute(
+            f"SELECT {DB_NOW}, unixepoch('subsec'), {DB_NOW} * 1000 - round({DB_NOW} * 1000)"
+        )
+        assert ours == sqlite_own, "one statement's 'now' is the same instant whichever function asks"
+        assert below_ms == 0, "no float noise below the millisecond"
 
 
 def test_a_claim_with_routing_keys_only_takes_groups_with_those_keys(make_transport):
