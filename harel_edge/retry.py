@@ -21,11 +21,12 @@ only once recovery succeeded, so a look-up never answers from a stale replica.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import structlog
 from tenacity import (
+    AsyncRetrying,
     RetryCallState,
     Retrying,
     retry_if_exception,
@@ -159,14 +160,14 @@ def _log_attempt(operation: str) -> Callable[[RetryCallState], None]:
     return before_sleep
 
 
-def policy(settings: EdgeSettings, operation: str) -> Retrying:
+def policy(settings: EdgeSettings, operation: str, kind: type[Retrying] | type[AsyncRetrying] = Retrying):
     """The retry policy for one operation, from the settings.
 
     Delays are drawn uniformly from [0, min(retry_max_delay, retry_initial_delay * 2**n)]
     ("full jitter"), so workers that failed together do not retry together. It stops at
     `retry_attempts` attempts or once `retry_deadline` seconds have passed, whichever is first.
     """
-    return Retrying(
+    return kind(
         retry=retry_if_exception(is_transient),
         wait=wait_random_exponential(multiplier=settings.retry_initial_delay, max=settings.retry_max_delay),
         stop=stop_after_attempt(settings.retry_attempts) | stop_after_delay(settings.retry_deadline),
@@ -240,6 +241,45 @@ def call_with_retry(
                     log.info("succeeded after retrying", operation=operation, attempts=tries)
                 return result
     except BaseException as exc:
+        if is_transient(exc):
+            log.error("gave up", operation=operation, attempts=tries, error=_error_text(exc))
+        raise
+    raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+
+async def acall_with_retry(
+    settings: EdgeSettings,
+    operation: str,
+    attempt: Callable[[], Awaitable[T]],
+    *,
+    resolve: Callable[[], Awaitable[T | None]] | None = None,
+) -> T:
+    """`call_with_retry` for coroutines over a stateless link (nothing to repair between tries):
+    after a transient failure `resolve()` looks the write up, and a value other than None is
+    the result; otherwise `attempt` runs again. The event loop keeps running during back-off."""
+    try:
+        return await attempt()
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        failed: Exception = exc
+    tries = 1
+    try:
+        async for tried in policy(settings, operation, AsyncRetrying):
+            with tried:
+                if tries == 1:
+                    tries += 1
+                    raise failed  # the first attempt, counted by the policy
+                tries += 1
+                if resolve is not None:
+                    found = await resolve()
+                    if found is not None:
+                        log.info("ambiguous write resolved", operation=operation, outcome="applied", attempts=tries)
+                        return found
+                result = await attempt()
+                log.info("succeeded after retrying", operation=operation, attempts=tries)
+                return result
+    except Exception as exc:
         if is_transient(exc):
             log.error("gave up", operation=operation, attempts=tries, error=_error_text(exc))
         raise

@@ -128,6 +128,20 @@ class EdgeSettings(BaseSettings):
         "replica, so round trips never freeze the event loop; 0: one connection on a thread.",
     )
     metrics_port: int | None = Field(default=None, description="Serve Prometheus metrics on this port.")
+    commit_linger: float = Field(
+        default=0.002,
+        description="Seconds a new request to the primary (or a local commit) waits for other "
+        "events' commits and acks to join it (group commit); 0: send at once.",
+    )
+
+    @field_validator("commit_linger")
+    @classmethod
+    def _bounded_linger(cls, value: float) -> float:
+        if not math.isfinite(value) or not 0 <= value <= 0.1:
+            raise ValueError(
+                f"HAREL_EDGE_COMMIT_LINGER={value} is out of range: set 0 to 0.1 seconds (default 0.002)"
+            )
+        return value
 
     # ---- field checks: each names its variable ------------------------------------------------
 

@@ -70,24 +70,37 @@ class Message:
     routing_key: str | None = None
 
 
-def _claim_sql(n: EdgeNames, routing_keys: int) -> str:
+def _claim_sql(n: EdgeNames, routing_keys: int, *, many: bool = False, returning: str = "") -> str:
     """The claim: the spec's selection (oldest-claimed deliverable group, ties by arrival,
-    priority floor) and its lease, in one statement.
+    priority floor) and its lease, in one statement; `many` leases the heads of up to `?` groups.
 
     "Nothing in flight" is tested on the group's head only. That is the spec's NOT EXISTS over
     all the group's messages, made O(1): only a head is ever leased or parked (a claim takes
     the MIN(seq) and seq only grows), so no other message of a group can hold a live lock.
+    Parameters: token, now, visibility, min_priority, *routing_keys, now[, n].
     """
     routing = f" AND g.routing_key IN ({', '.join('?' * routing_keys)})" if routing_keys else ""
     return (
-        f"UPDATE {n.messages} SET locked_by = ?, lock_expiry = {_NOW} + ? WHERE seq = ("
+        f"UPDATE {n.messages} SET locked_by = ?, lock_expiry = {_NOW} + ? WHERE seq {'IN' if many else '='} ("
         f" SELECT m.seq FROM {n.groups} g"
         f" JOIN {n.messages} m ON m.seq = (SELECT MIN(seq) FROM {n.messages} WHERE group_id = g.group_id)"
         f" WHERE g.priority >= ?{routing}"
         f" AND (m.locked_by IS NULL OR m.lock_expiry < {_NOW})"
-        f" ORDER BY g.last_claimed_at, g.rowid LIMIT 1"
-        f") RETURNING seq, group_id, event"
+        f" ORDER BY g.last_claimed_at, g.rowid LIMIT {'?' if many else '1'}"
+        f") RETURNING seq, group_id, event{returning}"
     )
+
+
+def claim_params(
+    worker_id: str, visibility: float, min_priority: int, keys: Sequence[str], now: float | None
+) -> tuple[str, tuple]:
+    """A fresh claim token and the claim statement's parameters; refuses bad arguments."""
+    if not visibility > 0:
+        raise ValueError(f"visibility must be a positive number of seconds, got {visibility!r}")
+    if not worker_id or "#" in worker_id:
+        raise ValueError(f"worker_id must be a non-empty name without '#', got {worker_id!r}")
+    token = f"{worker_id}#{secrets.token_hex(8)}"
+    return token, (token, now, visibility, min_priority, *keys, now)
 
 
 class LibsqlTransport:
@@ -209,17 +222,12 @@ class LibsqlTransport:
     ) -> Lease | None:
         """Lease the head of the group that waited longest, among groups with nothing in flight,
         priority >= `min_priority` and (if any are given) one of `routing_keys`; None if none."""
-        if not visibility > 0:
-            raise ValueError(f"visibility must be a positive number of seconds, got {visibility!r}")
-        if not worker_id or "#" in worker_id:
-            raise ValueError(f"worker_id must be a non-empty name without '#', got {worker_id!r}")
         keys = tuple(self._routing_keys if routing_keys is None else routing_keys)
         sql = self._claim_sql.get(len(keys))
         if sql is None:
             sql = self._claim_sql[len(keys)] = _claim_sql(self._n, len(keys))
-        token = f"{worker_id}#{secrets.token_hex(8)}"
         now = self._clock() if self._clock is not None else None
-        params = (token, now, visibility, min_priority, *keys, now)
+        token, params = claim_params(worker_id, visibility, min_priority, keys, now)
 
         def attempt() -> Lease | None:
             rows = self._conn.execute(sql, params)

@@ -1,0 +1,611 @@
+"""How an event crosses the link: two units of work per event, shared by the events in flight.
+
+1. `claim_many` leases the heads of up to N groups in ONE statement, and the same statement
+   returns, with each message, the execution it applies to and whether it was already applied
+   (read on the primary, never a stale replica);
+2. the store's `commit` is ONE transaction that writes the execution, its outbox, timers,
+   spawns, trace and processed-event mark AND deletes the message (the ack).
+
+`EventTransport` and `EventStore` are the async transport and store harel's `AsyncWorker` runs
+on; they share one `EventPath` and one executor, which coalesces the units in flight.
+See docs/executor.md and docs/consistency.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import structlog
+from harel.engine.execution import Execution
+from harel.engine.schema import Names
+from harel.engine.store._base import (
+    _IDS_WITH_PREFIX_SQL,
+    _PURGE_COMPANIONS_SQL,
+    DEFAULT_TRACE_MAX,
+    OutboxEntry,
+    SpawnEntry,
+    StoreConflict,
+    _decode_offset,
+    _like_prefix,
+    _listing_page,
+    _listing_sql_sqlite,
+)
+from harel.engine.transport import Lease
+from harel.spec.states import Event
+from pydantic_core import from_json
+
+from harel_edge import observability, retry
+from harel_edge.executor import Executor, Result, StatementError, Stmt
+from harel_edge.schema import DB_NOW, PARKED, EdgeNames
+from harel_edge.settings import EdgeSettings
+from harel_edge.transport import BATCH_ROWS, Message, _claim_sql, _row, claim_params
+
+log = structlog.get_logger("harel_edge.event_path")
+
+_NOW = f"COALESCE(?, {DB_NOW})"
+Clock = Callable[[], float]
+LeaseKey = tuple[int, str | None]
+
+
+class EventPath:
+    """What the transport and the store of one worker share: the executor, the leases held,
+    the executions the claim brought, and the acks a commit already made."""
+
+    def __init__(self, executor: Executor, settings: EdgeSettings, *, clock: Clock | None = None) -> None:
+        self.executor = executor
+        self.settings = settings
+        self.queue = EdgeNames(settings.prefix)
+        self.store = Names(settings.prefix)
+        self.clock = clock
+        self.held: dict[LeaseKey, Lease] = {}
+        self.by_event: dict[tuple[str, str], Lease] = {}  # (group_id, event id) -> its lease
+        self.prefetched: dict[tuple[str, str], tuple[str | None, bool]] = {}
+        self.acked_by_commit: dict[LeaseKey, bool] = {}
+
+    def now(self) -> float | None:
+        return self.clock() if self.clock is not None else None
+
+    async def run(self, operation: str, attempt: Callable[[], Any], resolve: Callable[[], Any] | None = None) -> Any:
+        return await retry.acall_with_retry(self.settings, operation, attempt, resolve=resolve)
+
+    async def execute(self, sql: str, *args: Any) -> Result:
+        return await self.executor.execute(Stmt(sql, tuple(args)))
+
+    def hold(self, lease: Lease, execution: str | None = None, processed: bool = False, prefetch: bool = False) -> None:
+        self.held[(lease.seq, lease.token)] = lease
+        self.by_event[(lease.group_id, lease.event.id)] = lease
+        if prefetch:
+            self.prefetched[(lease.group_id, lease.event.id)] = (execution, processed)
+
+    def release(self, lease: Lease) -> None:
+        self.held.pop((lease.seq, lease.token), None)
+        self.by_event.pop((lease.group_id, lease.event.id), None)
+        self.prefetched.pop((lease.group_id, lease.event.id), None)
+
+
+class EventTransport:
+    """harel's async transport over an `EventPath`, with `claim_many` behind `claim`.
+
+    With `prefetch` (the worker's), `claim` hands out leases from the last `claim_many` and
+    claims again (as many as there are free slots of `concurrency`) only when none is left; a
+    transport shared by several callers keeps it off, so a lease is only ever taken for the
+    caller that asked. It counts for the metrics and the worker's report, and gives back every
+    lease it holds at shutdown.
+    """
+
+    def __init__(
+        self,
+        path: EventPath,
+        *,
+        concurrency: int = 32,
+        prefetch: bool = False,
+        report: Any = None,
+        count_groups: bool = False,
+        routing_keys: Sequence[str] | None = None,
+    ) -> None:
+        self.path = path
+        self.concurrency = concurrency
+        self.prefetch = prefetch
+        self._report = report
+        self._groups: Counter[str] | None = Counter() if count_groups else None
+        self._routing_keys = tuple(path.settings.routing_keys if routing_keys is None else routing_keys)
+        self._buffer: deque[Lease] = deque()
+        self._buffer_for: tuple | None = None
+        self._sql: dict[tuple[int, bool], str] = {}
+
+    @property
+    def held(self) -> dict[LeaseKey, Lease]:
+        return self.path.held
+
+    # ---- publish -------------------------------------------------------------------------------
+
+    async def publish(self, group_id: str, event: Event, priority: int = 0, routing_key: str | None = None) -> None:
+        await self.publish_many([Message(group_id, event, priority, routing_key)])
+
+    async def publish_many(self, messages: Iterable[Message | tuple]) -> int:
+        """All or none, in order; one unit of work (one statement up to BATCH_ROWS messages)."""
+        rows = [_row(item) for item in messages]
+        if not rows:
+            return 0
+        q = self.path.queue
+        stmts = []
+        for i in range(0, len(rows), BATCH_ROWS):
+            chunk = rows[i : i + BATCH_ROWS]
+            values = ", ".join(["(?, ?, ?, ?)"] * len(chunk))
+            sql = f"INSERT INTO {q.publish_view} (group_id, event, priority, routing_key) VALUES {values}"
+            stmts.append(Stmt(sql, tuple(v for row in chunk for v in row)))
+
+        async def attempt() -> bool:
+            if len(stmts) == 1:
+                await self.path.executor.execute(stmts[0])
+            else:
+                await self.path.executor.transaction(stmts)
+            return True
+
+        async def resolve() -> bool | None:
+            found = await self.path.execute(
+                f"SELECT 1 FROM {q.messages} WHERE group_id = ? AND event = ? LIMIT 1", rows[0][0], rows[0][1]
+            )
+            return True if found.rows else None
+
+        await self.path.run("publish", attempt, resolve)
+        return len(rows)
+
+    # ---- claim -----------------------------------------------------------------------------------
+
+    async def claim(
+        self, worker_id: str, visibility: float, min_priority: int = 0, routing_keys: Sequence[str] | None = None
+    ) -> Lease | None:
+        keys = tuple(self._routing_keys if routing_keys is None else routing_keys)
+        wanted = (worker_id, visibility, min_priority, keys)
+        if self._buffer and self._buffer_for == wanted:
+            return self._buffer.popleft()
+        # The free slots: leases held (buffered ones included) count against `concurrency`.
+        n = max(1, self.concurrency - len(self.path.held)) if self.prefetch and not self._buffer else 1
+        leases = await self.claim_many(worker_id, visibility, n, min_priority, keys, with_execution=True)
+        if not leases:
+            return None
+        if not self._buffer:
+            self._buffer.extend(leases[1:])
+            self._buffer_for = wanted
+        return leases[0]
+
+    async def claim_many(
+        self,
+        worker_id: str,
+        visibility: float,
+        n: int,
+        min_priority: int = 0,
+        routing_keys: Sequence[str] | None = None,
+        *,
+        with_execution: bool = False,
+    ) -> list[Lease]:
+        """Lease the heads of up to `n` groups in one statement, in round-robin order. With
+        `with_execution` the statement also reads each message's execution, which the
+        `EventStore` then serves to the worker instead of reading it again."""
+        if n < 1:
+            raise ValueError(f"n must be at least 1, got {n!r}")
+        keys = tuple(self._routing_keys if routing_keys is None else routing_keys)
+        token, params = claim_params(worker_id, visibility, min_priority, keys, self.path.now())
+        sql = self._claim_sql(len(keys), with_execution)
+        q = self.path.queue
+
+        async def attempt() -> list[tuple]:
+            return (await self.path.execute(sql, *params, n)).rows
+
+        async def resolve() -> list[tuple]:
+            # Found or not, the look-up is the answer: a claim that did not land leased nothing.
+            extra = sql.split("RETURNING seq, group_id, event", 1)[1]
+            return (
+                await self.path.execute(
+                    f"SELECT seq, group_id, event{extra} FROM {q.messages} WHERE locked_by = ? ORDER BY seq", token
+                )
+            ).rows
+
+        rows = sorted(await self.path.run("claim", attempt, resolve), key=lambda row: row[0])
+        leases = []
+        for row in rows:
+            lease = _lease(row, token)
+            if with_execution:
+                self.path.hold(lease, row[3], bool(row[4]), prefetch=True)
+            else:
+                self.path.hold(lease)
+            leases.append(lease)
+        if leases:
+            observability.CLAIMS.inc(len(leases))
+            if self._report is not None:
+                self._report.claims += len(leases)
+        return leases
+
+    def _claim_sql(self, keys: int, with_execution: bool) -> str:
+        sql = self._sql.get((keys, with_execution))
+        if sql is None:
+            s = self.path.store
+            returning = (
+                f", (SELECT data FROM {s.executions} WHERE id = group_id),"
+                f" EXISTS(SELECT 1 FROM {s.processed_events}"
+                f" WHERE execution_id = group_id AND event_id = json_extract(event, '$.id'))"
+                if with_execution
+                else ""
+            )
+            sql = self._sql[(keys, with_execution)] = _claim_sql(
+                self.path.queue, keys, many=True, returning=returning
+            )
+        return sql
+
+    # ---- ack / nack ------------------------------------------------------------------------------
+
+    async def ack(self, lease: Lease) -> bool:
+        key = (lease.seq, lease.token)
+        if key in self.path.acked_by_commit:
+            done = self.path.acked_by_commit.pop(key)
+        else:
+            fence, params = _fence(lease)
+            q = self.path.queue
+
+            async def attempt() -> bool:
+                return bool((await self.path.execute(f"DELETE FROM {q.messages} WHERE {fence} RETURNING seq", *params)).rows)
+
+            done = await self.path.run("ack", attempt, lambda: self._settled(lease, done_if_gone=True))
+        self._finish(lease, done, "ack")
+        return done
+
+    async def ack_many(self, leases: Sequence[Lease]) -> list[bool]:
+        """Ack several leases as one unit of work; each answer as `ack` gives it."""
+        q = self.path.queue
+        stmts = [Stmt(f"DELETE FROM {q.messages} WHERE {_fence(lease)[0]} RETURNING seq", _fence(lease)[1]) for lease in leases]
+        if not stmts:
+            return []
+
+        async def attempt() -> list[bool]:
+            return [bool(r.rows) for r in await self.path.executor.transaction(stmts)]
+
+        async def resolve() -> list[bool]:
+            return [bool(await self._settled(lease, done_if_gone=True)) for lease in leases]
+
+        done = await self.path.run("ack", attempt, resolve)
+        for lease, one in zip(leases, done, strict=True):
+            self._finish(lease, one, "ack")
+        return done
+
+    async def nack(self, lease: Lease, delay: float = 0.0) -> bool:
+        if delay < 0:
+            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
+        self.path.acked_by_commit.pop((lease.seq, lease.token), None)
+        fence, params = _fence(lease)
+        q = self.path.queue
+        if delay > 0:
+            sql = f"UPDATE {q.messages} SET locked_by = ?, lock_expiry = {_NOW} + ? WHERE {fence} RETURNING seq"
+            args: tuple = (PARKED, self.path.now(), delay, *params)
+        else:
+            sql = f"UPDATE {q.messages} SET locked_by = NULL, lock_expiry = NULL WHERE {fence} RETURNING seq"
+            args = tuple(params)
+
+        async def attempt() -> bool:
+            return bool((await self.path.execute(sql, *args)).rows)
+
+        done = await self.path.run("nack", attempt, lambda: self._settled(lease, done_if_gone=False))
+        self._finish(lease, done, "nack")
+        return done
+
+    async def _settled(self, lease: Lease, *, done_if_gone: bool) -> bool | None:
+        """After an ambiguous ack or nack, what the message's row says happened (see
+        `LibsqlTransport._settled`)."""
+        rows = (await self.path.execute(f"SELECT locked_by FROM {self.path.queue.messages} WHERE seq = ?", lease.seq)).rows
+        if not rows:
+            return done_if_gone
+        if lease.token and rows[0][0] == lease.token:
+            return None
+        return not done_if_gone
+
+    def _finish(self, lease: Lease, done: bool, operation: str) -> None:
+        self.path.release(lease)
+        if not done:
+            observability.record_lost_lease(operation)
+            log.warning("lost lease", operation=operation, group_id=lease.group_id, seq=lease.seq)
+            if self._report is not None:
+                self._report.lost += 1
+            return
+        if operation == "ack":
+            observability.ACKS.inc()
+            observability.EVENTS_HANDLED.inc()
+            if self._report is not None:
+                self._report.acks += 1
+            if self._groups is not None:
+                self._groups[lease.group_id] += 1
+        else:
+            observability.NACKS.inc()
+            if self._report is not None:
+                self._report.nacks += 1
+
+    # ---- inspection and shutdown -----------------------------------------------------------------
+
+    async def depth(self) -> int:
+        return int((await self.path.execute(f"SELECT count(*) FROM {self.path.queue.messages}")).rows[0][0])
+
+    async def release_held(self) -> int:
+        """Give back every lease not yet settled (at shutdown, after cancelling its handler)."""
+        self._buffer.clear()
+        released = 0
+        for lease in list(self.path.held.values()):
+            try:
+                if await self.nack(lease):
+                    released += 1
+            except Exception as exc:  # noqa: BLE001 - its lease lapses by itself; say so
+                log.warning("could not give a message back", group_id=lease.group_id, seq=lease.seq, error=str(exc)[:200])
+                self.path.release(lease)
+        return released
+
+    def group_counts(self) -> dict[str, int]:
+        return dict(self._groups or {})
+
+    async def close(self) -> None:
+        """The executor is shared with the store; its owner closes it."""
+
+
+class EventStore:
+    """harel's async execution store over an `EventPath`, with its own SQL (harel's tables).
+
+    `load_for_event` is answered from the claim's own read when the claim brought it, and
+    `commit` carries the ack of the event it marks processed, so an event costs the worker two
+    units of work: its share of a claim, and its commit.
+    """
+
+    def __init__(self, path: EventPath) -> None:
+        self.path = path
+        self.trace_max = DEFAULT_TRACE_MAX
+
+    @property
+    def _n(self) -> Names:
+        return self.path.store
+
+    async def _rows(self, sql: str, *args: Any, operation: str = "store.read") -> list[tuple]:
+        async def attempt() -> list[tuple]:
+            return (await self.path.execute(sql, *args)).rows
+
+        return await self.path.run(operation, attempt)
+
+    # ---- reads -------------------------------------------------------------------------------------
+
+    async def load(self, execution_id: str) -> Execution | None:
+        rows = await self._rows(f"SELECT data FROM {self._n.executions} WHERE id = ?", execution_id, operation="store.load")
+        return Execution.model_validate_json(rows[0][0]) if rows else None
+
+    async def load_for_event(self, execution_id: str, event_id: str) -> tuple[Execution | None, bool]:
+        found = self.path.prefetched.pop((execution_id, event_id), None)
+        if found is None:
+            rows = await self._rows(
+                f"SELECT (SELECT data FROM {self._n.executions} WHERE id = ?),"
+                f" EXISTS(SELECT 1 FROM {self._n.processed_events} WHERE execution_id = ? AND event_id = ?)",
+                execution_id,
+                execution_id,
+                event_id,
+                operation="store.load",
+            )
+            found = (rows[0][0], bool(rows[0][1])) if rows else (None, False)
+        data, processed = found
+        if data is None:
+            return None, False
+        return Execution.model_validate_json(data), processed
+
+    async def is_processed(self, execution_id: str, event_id: str) -> bool:
+        rows = await self._rows(
+            f"SELECT 1 FROM {self._n.processed_events} WHERE execution_id = ? AND event_id = ?", execution_id, event_id
+        )
+        return bool(rows)
+
+    async def list_executions(self, *, status=None, definition_id=None, roots_only=False, limit=100, cursor=None):  # noqa: ANN001, ANN201 - harel's signature
+        off = _decode_offset(cursor)
+        sql, params = _listing_sql_sqlite(self._n.executions, status, definition_id, roots_only, limit, off)
+        return _listing_page(await self._rows(sql, *params, operation="store.list"), limit, off)
+
+    async def read_trace(self, execution_id: str) -> list[dict]:
+        rows = await self._rows(f"SELECT idx, entry FROM {self._n.trace} WHERE execution_id = ? ORDER BY idx", execution_id)
+        return [{**json.loads(entry), "index": idx} for idx, entry in rows]
+
+    async def pending_outbox(self) -> list[OutboxEntry]:
+        rows = await self._rows(f"SELECT seq, target_id, event FROM {self._n.outbox} ORDER BY seq")
+        return [OutboxEntry(seq, target, Event.model_validate_json(event)) for seq, target, event in rows]
+
+    async def pending_spawns(self) -> list[SpawnEntry]:
+        rows = await self._rows(f"SELECT seq, parent_id, child_id, root_path, context FROM {self._n.spawns} ORDER BY seq")
+        return [SpawnEntry(seq, pid, cid, rp, json.loads(ctx)) for seq, pid, cid, rp, ctx in rows]
+
+    async def due_timers(self, now: float) -> list[tuple[str, str, float]]:
+        rows = await self._rows(
+            f"SELECT execution_id, path, fire_at FROM {self._n.timers} WHERE fire_at <= ? ORDER BY fire_at", now
+        )
+        return [(eid, p, fa) for eid, p, fa in rows]
+
+    async def ids_with_prefix(self, prefix: str) -> list[str]:
+        return [r[0] for r in await self._rows(self._n.sql(_IDS_WITH_PREFIX_SQL), _like_prefix(prefix))]
+
+    # ---- writes ------------------------------------------------------------------------------------
+
+    async def save(self, exe: Execution) -> None:
+        await self._write_unit(exe, [], "store.save")
+
+    async def commit(
+        self,
+        exe: Execution,
+        emits: list,
+        processed_event_id: str | None = None,
+        timers: tuple = (),
+        spawns: tuple = (),
+        trace: dict | None = None,
+        step: Any = None,
+    ) -> list[int]:
+        n = self._n
+        stmts = [Stmt(f"INSERT INTO {n.outbox} (target_id, event) VALUES (?, ?) RETURNING seq", (t, e.model_dump_json())) for t, e in emits]
+        if processed_event_id is not None:
+            stmts.append(
+                Stmt(f"INSERT OR IGNORE INTO {n.processed_events} (execution_id, event_id) VALUES (?, ?)", (exe.id, processed_event_id))
+            )
+        for child_id, root_path, context in spawns:
+            stmts.append(
+                Stmt(
+                    f"INSERT INTO {n.spawns} (parent_id, child_id, root_path, context) VALUES (?, ?, ?, ?)",
+                    (exe.id, child_id, root_path, json.dumps(context)),
+                )
+            )
+        for op in timers:
+            if op.action == "schedule":
+                stmts.append(
+                    Stmt(
+                        f"INSERT INTO {n.timers} (execution_id, path, fire_at) VALUES (?, ?, ?)"
+                        " ON CONFLICT(execution_id, path) DO UPDATE SET fire_at = excluded.fire_at",
+                        (exe.id, op.path, op.fire_at),
+                    )
+                )
+            else:
+                stmts.append(Stmt(f"DELETE FROM {n.timers} WHERE execution_id = ? AND path = ?", (exe.id, op.path)))
+        if trace is not None:
+            stmts.extend(self._trace_stmts(exe.id, trace))
+        lease = self.path.by_event.get((exe.id, processed_event_id)) if processed_event_id else None
+        if lease is not None:
+            fence, params = _fence(lease)
+            stmts.append(Stmt(f"DELETE FROM {self.path.queue.messages} WHERE {fence} RETURNING seq", params))
+        results = await self._write_unit(exe, stmts, "store.commit", emits=emits, lease=lease)
+        if lease is not None:
+            self.path.acked_by_commit[(lease.seq, lease.token)] = bool(results[-1].rows)
+        return [int(r.rows[0][0]) for r in results[: len(emits)]]
+
+    async def append_trace(self, execution_id: str, entry: dict) -> None:
+        stmts = self._trace_stmts(execution_id, entry)
+
+        async def attempt() -> None:
+            await self.path.executor.transaction(stmts)
+
+        await self.path.run("store.trace", attempt)
+
+    async def ack_outbox(self, seq: int) -> None:
+        await self._rows(f"DELETE FROM {self._n.outbox} WHERE seq = ?", seq, operation="store.ack_outbox")
+
+    async def ack_spawn(self, seq: int) -> None:
+        await self._rows(f"DELETE FROM {self._n.spawns} WHERE seq = ?", seq, operation="store.ack_spawn")
+
+    async def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
+        await self._rows(
+            f"DELETE FROM {self._n.timers} WHERE execution_id = ? AND path = ? AND fire_at = ?",
+            execution_id,
+            path,
+            fire_at,
+            operation="store.delete_timer",
+        )
+
+    async def purge(self, execution_id: str, expected_version: int) -> bool:
+        n = self._n
+        # The delete of the row guards the rest: when it matched nothing, the guard fails the
+        # unit, and nothing else is deleted.
+        stmts = [
+            Stmt(f"DELETE FROM {n.executions} WHERE id = ? AND version = ?", (execution_id, expected_version)),
+            Stmt("SELECT CASE WHEN changes() = 1 THEN 1 ELSE json('harel_edge: moved on') END"),
+            *[Stmt(n.sql(sql), (execution_id,)) for sql in _PURGE_COMPANIONS_SQL],
+        ]
+
+        async def attempt() -> bool:
+            try:
+                await self.path.executor.transaction(stmts)
+            except StatementError as exc:
+                if exc.step == 1:
+                    return False
+                raise
+            return True
+
+        async def resolve() -> bool | None:
+            return True if not await self._rows(f"SELECT 1 FROM {n.executions} WHERE id = ?", execution_id) else None
+
+        return await self.path.run("store.purge", attempt, resolve)
+
+    async def close(self) -> None:
+        """The executor is shared with the transport; its owner closes it."""
+
+    # ---- internals ---------------------------------------------------------------------------------
+
+    def _trace_stmts(self, execution_id: str, entry: dict) -> list[Stmt]:
+        n = self._n
+        stmts = [
+            Stmt(
+                f"INSERT INTO {n.trace} (execution_id, idx, entry) SELECT ?,"
+                f" COALESCE((SELECT MAX(idx) FROM {n.trace} WHERE execution_id = ?), -1) + 1, ?",
+                (execution_id, execution_id, json.dumps(entry)),
+            )
+        ]
+        if self.trace_max:
+            stmts.append(
+                Stmt(
+                    f"DELETE FROM {n.trace} WHERE execution_id = ? AND idx <="
+                    f" (SELECT MAX(idx) FROM {n.trace} WHERE execution_id = ?) - ?",
+                    (execution_id, execution_id, self.trace_max),
+                )
+            )
+        return stmts
+
+    async def _write_unit(
+        self, exe: Execution, rest: list[Stmt], operation: str, *, emits: list = (), lease: Lease | None = None
+    ) -> list[Result]:
+        """Write `exe` one version on (compare-and-set on its version) with `rest`, as one
+        transaction; returns the results of `rest`. A lost outcome is looked up: the row holds
+        exactly what was sent."""
+        n = self._n
+        old = exe.version
+        data = exe.model_copy(update={"version": old + 1}).model_dump_json()
+        if old == 0:
+            write = [Stmt(f"INSERT INTO {n.executions} (id, definition_id, data, version) VALUES (?, ?, ?, 1)", (exe.id, exe.definition_id, data))]
+        else:
+            write = [
+                Stmt(f"UPDATE {n.executions} SET data = ?, version = ? WHERE id = ? AND version = ?", (data, old + 1, exe.id, old)),
+                Stmt("SELECT CASE WHEN changes() = 1 THEN 1 ELSE json('harel_edge: version conflict') END"),
+            ]
+        stmts = [*write, *rest]
+
+        async def attempt() -> list[Result]:
+            try:
+                return (await self.path.executor.transaction(stmts))[len(write) :]
+            except StatementError as exc:
+                if exc.step < len(write) and (old > 0 or "constraint" in str(exc).lower()):
+                    rows = (await self.path.execute(f"SELECT version FROM {n.executions} WHERE id = ?", exe.id)).rows
+                    raise StoreConflict(exe.id, expected=old, found=rows[0][0] if rows else None) from None
+                raise
+
+        async def resolve() -> list[Result] | None:
+            rows = (await self.path.execute(f"SELECT version, data FROM {n.executions} WHERE id = ?", exe.id)).rows
+            if not rows or rows[0][0] != old + 1 or rows[0][1] != data:
+                return None
+            results = []
+            for target, event in emits:
+                found = (
+                    await self.path.execute(
+                        f"SELECT seq FROM {n.outbox} WHERE target_id IS ? AND event = ? ORDER BY seq DESC LIMIT 1",
+                        target,
+                        event.model_dump_json(),
+                    )
+                ).rows
+                results.append(Result(rows=found or [(0,)]))
+            results.extend(Result() for _ in rest[len(emits) :])
+            if lease is not None:  # the commit landed, and with it the ack, if the lease still held
+                gone = await self._message_gone(lease)
+                results[-1] = Result(rows=[(lease.seq,)] if gone else [])
+            return results
+
+        results = await self.path.run(operation, attempt, resolve)
+        exe.version = old + 1
+        return results
+
+    async def _message_gone(self, lease: Lease) -> bool:
+        rows = (await self.path.execute(f"SELECT locked_by FROM {self.path.queue.messages} WHERE seq = ?", lease.seq)).rows
+        return not rows
+
+
+def _fence(lease: Lease) -> tuple[str, tuple]:
+    if lease.token:
+        return "seq = ? AND locked_by = ?", (lease.seq, lease.token)
+    return "seq = ?", (lease.seq,)
+
+
+def _lease(row: tuple, token: str) -> Lease:
+    seq, group_id, event = row[:3]
+    return Lease(int(seq), group_id, Event.model_validate(from_json(event, cache_strings=False)), token=token)

@@ -1,0 +1,71 @@
+"""The seam through which the worker's statements reach the data: one implementation a profile.
+
+A unit of work is one statement, or an atomic transaction of several, and goes to the database
+as one piece: one Hrana request to a remote primary, one savepoint inside a shared commit on a
+local file. Units sent while others are on their way are coalesced (see docs/executor.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from harel_edge.settings import EdgeSettings
+
+Value = None | int | float | str | bytes
+
+
+@dataclass(frozen=True)
+class Stmt:
+    """One SQL statement and its positional arguments."""
+
+    sql: str
+    args: tuple[Value, ...] = ()
+
+
+@dataclass
+class Result:
+    """What one statement returned: its rows, how many rows it changed, and, from a remote
+    primary, the replication index a replica must reach to see this write."""
+
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    affected: int = 0
+    last_rowid: int | None = None
+    replication_index: int | None = None
+
+
+class StatementError(RuntimeError):
+    """A statement of a unit failed (the database's own error): the unit changed nothing."""
+
+    def __init__(self, message: str, *, step: int = 0, code: str | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.code = code
+
+
+class Executor(Protocol):
+    """Runs units of work for one profile's database."""
+
+    async def execute(self, stmt: Stmt) -> Result:
+        """One statement, committed on its own."""
+
+    async def transaction(self, stmts: list[Stmt]) -> list[Result]:
+        """All statements or none; a failing one raises `StatementError` naming its index."""
+
+    async def aclose(self) -> None:
+        """Send what is queued, then release connections."""
+
+
+def open_executor(settings: EdgeSettings, **options: Any) -> Executor:
+    """The executor for the settings' profile: a local file, or the primary over Hrana (sqld,
+    and every write of a replica, whose embedded file keeps serving local reads)."""
+    if settings.profile in ("sqld", "replica"):
+        from harel_edge.executor.remote import HranaExecutor  # noqa: PLC0415 - only remote profiles need httpx
+
+        return HranaExecutor(settings, **options)
+    from harel_edge.executor.local import LocalExecutor  # noqa: PLC0415
+
+    return LocalExecutor(settings, **options)
+
+
+__all__ = ["Executor", "Result", "StatementError", "Stmt", "Value", "open_executor"]

@@ -1,0 +1,147 @@
+"""A file on this machine: units of work queued together share one commit, so one fsync.
+
+The connection lives on one thread of its own (libsql is synchronous), or is the worker's
+durable `Database` connection, so one process has one writer. Every unit queued while that
+connection is busy goes into the next transaction, each unit in a savepoint of its own, so a
+unit that fails is undone alone and the others still commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from harel_edge.connection import EdgeConnection
+from harel_edge.executor import Result, StatementError, Stmt
+from harel_edge.settings import EdgeSettings
+
+
+@dataclass
+class _Unit:
+    stmts: list[Stmt]
+    single: bool
+    future: asyncio.Future
+
+
+class LocalExecutor:
+    """Units of work for a local file; safe to use from many coroutines of one event loop."""
+
+    def __init__(
+        self, settings: EdgeSettings, *, max_units: int = 256, linger: float | None = None, runner: Any = None
+    ) -> None:
+        """`runner`: an object whose `async run(work)` calls `work(connection)` with nobody else
+        in that connection (the durable `Database`); without one, a thread and a connection of
+        its own."""
+        self.settings = settings
+        self._runner = runner
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harel-edge-local")
+        self._connection: EdgeConnection | None = None
+        self._max_units = max_units
+        self._linger = settings.commit_linger if linger is None else linger
+        self._queue: list[_Unit] = []
+        self._draining = False
+        self._drain_task: asyncio.Task | None = None
+        self.exchanges = 0  # commits made, for benchmarks and tests
+        self.last_replication_index = None
+
+    def __repr__(self) -> str:
+        return f"<LocalExecutor {self.settings.db_path}>"
+
+    async def execute(self, stmt: Stmt) -> Result:
+        return await self._submit([stmt], single=True)
+
+    async def transaction(self, stmts: list[Stmt]) -> list[Result]:
+        if not stmts:
+            return []
+        return await self._submit(list(stmts), single=False)
+
+    async def aclose(self) -> None:
+        if self._drain_task is not None:
+            await asyncio.gather(self._drain_task, return_exceptions=True)
+        if self._connection is not None:
+            await asyncio.get_running_loop().run_in_executor(self._thread, self._connection.close)
+        self._thread.shutdown(wait=True)
+
+    def _submit(self, stmts: list[Stmt], *, single: bool) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append(_Unit(stmts, single, future))
+        if not self._draining:
+            self._draining = True
+            self._drain_task = asyncio.create_task(self._drain())
+        return future
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._queue:
+                if self._linger > 0:
+                    await asyncio.sleep(self._linger)
+                units = self._queue[: self._max_units]
+                del self._queue[: len(units)]
+                try:
+                    if self._runner is not None:
+                        outcomes = await self._runner.run(lambda connection, units=units: self._run(connection, units))
+                    else:
+                        outcomes = await loop.run_in_executor(self._thread, self._run_here, units)
+                except Exception as exc:  # noqa: BLE001 - the shared commit failed: every unit did
+                    outcomes = [exc] * len(units)
+                for unit, outcome in zip(units, outcomes, strict=True):
+                    if unit.future.done():
+                        continue
+                    if isinstance(outcome, Exception):
+                        unit.future.set_exception(outcome)
+                    else:
+                        unit.future.set_result(outcome)
+        finally:
+            self._draining = False
+
+    def _run_here(self, units: list[_Unit]) -> list[Any]:
+        if self._connection is None:
+            self._connection = EdgeConnection(self.settings)
+        return self._run(self._connection, units)
+
+    def _run(self, connection: EdgeConnection, units: list[_Unit]) -> list[Any]:
+        """On the connection's thread: one transaction, a savepoint a unit."""
+        raw = connection.raw
+        self.exchanges += 1
+        if raw.in_transaction:  # left open by a failure that could not roll back
+            raw.execute("ROLLBACK")
+        raw.execute("BEGIN IMMEDIATE")
+        outcomes: list[Any] = []
+        try:
+            for unit in units:
+                raw.execute("SAVEPOINT unit")
+                try:
+                    results = [_run_one(raw, stmt, step) for step, stmt in enumerate(unit.stmts)]
+                except StatementError as exc:
+                    raw.execute("ROLLBACK TO unit")
+                    raw.execute("RELEASE unit")
+                    outcomes.append(exc)
+                    continue
+                raw.execute("RELEASE unit")
+                outcomes.append(results)
+            raw.execute("COMMIT")
+        except BaseException:
+            if raw.in_transaction:
+                raw.execute("ROLLBACK")
+            raise
+        return [o if isinstance(o, Exception) or not unit.single else o[0] for o, unit in zip(outcomes, units)]
+
+
+def _run_one(raw: Any, stmt: Stmt, step: int) -> Result:
+    try:
+        cursor = raw.execute(stmt.sql, stmt.args)
+        rows = cursor.fetchall() if cursor.description else []
+    except Exception as exc:  # noqa: BLE001 - the database's own error, for this unit alone
+        if _aborts_transaction(exc):
+            raise
+        raise StatementError(str(exc), step=step) from None
+    return Result(rows=[tuple(r) for r in rows], affected=max(cursor.rowcount, 0), last_rowid=cursor.lastrowid)
+
+
+def _aborts_transaction(exc: Exception) -> bool:
+    """Errors after which SQLite may have rolled back the whole transaction, not one statement."""
+    text = str(exc).lower()
+    return any(word in text for word in ("database is locked", "busy", "disk i/o", "full", "interrupt"))

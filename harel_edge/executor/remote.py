@@ -1,0 +1,276 @@
+"""A primary (sqld or Turso) over Hrana over HTTP, from one event loop that it never blocks.
+
+Each unit of work is one Hrana request (`execute`, or a `batch` whose steps are conditioned on
+the previous one, which makes a transaction without a lock held across round trips). Units
+queued while requests are in flight are sent together in one `/v2/pipeline` exchange, on a
+fresh stream closed in the same exchange, so no stream can expire between two requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import structlog
+
+from harel_edge.errors import AuthError, PrimaryUnavailableError
+from harel_edge.executor import Result, StatementError, Stmt, Value
+from harel_edge.settings import EdgeSettings
+
+log = structlog.get_logger("harel_edge.executor.remote")
+
+PIPELINE = "/v2/pipeline"
+# A pipeline of many commits is still small (a few KB a unit); sqld answers it in milliseconds.
+# The read timeout bounds how long a unit may wait for an answer that never comes.
+TIMEOUT = httpx.Timeout(connect=5.0, read=30.0, write=10.0, pool=30.0)
+
+
+def http_base_url(url: str) -> str:
+    """The HTTP address of a primary: `libsql://` and `wss://` are Turso's HTTPS, `ws://` is HTTP."""
+    parts = urlsplit(url)
+    scheme = {"libsql": "https", "wss": "https", "ws": "http"}.get(parts.scheme, parts.scheme)
+    if scheme not in ("http", "https"):
+        raise ValueError(f"{url!r} is not an http://, https:// or libsql:// address")
+    return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+
+
+@dataclass
+class _Unit:
+    request: dict[str, Any]
+    future: asyncio.Future
+    statements: int  # 0 for a single execute, else the transaction's statement count
+
+
+class HranaExecutor:
+    """Units of work for a remote primary; safe to use from many coroutines of one event loop.
+
+    `max_requests` HTTP exchanges may be in flight at once, each carrying up to `max_units`
+    units; `linger` seconds is how long a new exchange waits for more units to join it.
+    """
+
+    def __init__(
+        self,
+        settings: EdgeSettings,
+        *,
+        max_requests: int = 8,
+        max_units: int = 64,
+        linger: float | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        server = settings.server
+        if not server:
+            raise ValueError(f"the {settings.profile} profile has no primary to send statements to")
+        self.where = server
+        token = settings.auth_token.get_secret_value().strip() if settings.auth_token else ""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.AsyncClient(
+            base_url=http_base_url(server),
+            headers=headers,
+            timeout=TIMEOUT,
+            limits=httpx.Limits(max_connections=max_requests, max_keepalive_connections=max_requests),
+            transport=transport,
+        )
+        self._max_units = max_units
+        self._linger = settings.commit_linger if linger is None else linger
+        self._slots = asyncio.Semaphore(max_requests)
+        self._queue: list[_Unit] = []
+        self._draining = False
+        self._tasks: set[asyncio.Task] = set()
+        self.exchanges = 0  # HTTP exchanges sent, for benchmarks and tests
+        self.last_replication_index: int | None = None
+
+    def __repr__(self) -> str:  # never the token
+        return f"<HranaExecutor {self.where}>"
+
+    async def execute(self, stmt: Stmt) -> Result:
+        request = {"type": "execute", "stmt": _stmt(stmt)}
+        return await self._submit(request, 0)
+
+    async def transaction(self, stmts: list[Stmt]) -> list[Result]:
+        if not stmts:
+            return []
+        steps = [{"stmt": _stmt(Stmt("BEGIN IMMEDIATE"))}]
+        for i, stmt in enumerate([*stmts, Stmt("COMMIT")]):
+            steps.append({"stmt": _stmt(stmt), "condition": {"type": "ok", "step": i}})
+        commit = len(steps) - 1
+        steps.append(
+            {"stmt": _stmt(Stmt("ROLLBACK")), "condition": {"type": "not", "cond": {"type": "ok", "step": commit}}}
+        )
+        return await self._submit({"type": "batch", "batch": {"steps": steps}}, len(stmts))
+
+    async def aclose(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._client.aclose()
+
+    # ---- coalescing --------------------------------------------------------------------------
+
+    def _submit(self, request: dict[str, Any], statements: int) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append(_Unit(request, future, statements))
+        if not self._draining:
+            self._draining = True
+            self._spawn(self._drain())
+        return future
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _drain(self) -> None:
+        """Start exchanges while units wait, at most `max_requests` at once."""
+        try:
+            while self._queue:
+                await self._slots.acquire()
+                try:
+                    if self._linger > 0:
+                        await asyncio.sleep(self._linger)
+                    units = self._queue[: self._max_units]
+                    del self._queue[: len(units)]
+                except BaseException:
+                    self._slots.release()
+                    raise
+                self._spawn(self._exchange(units))
+        finally:
+            self._draining = False
+
+    async def _exchange(self, units: list[_Unit]) -> None:
+        try:
+            results = await self._post([u.request for u in units])
+        except BaseException as exc:
+            for unit in units:
+                if unit.future.done():
+                    continue
+                if isinstance(exc, Exception):
+                    unit.future.set_exception(exc)
+                else:
+                    unit.future.cancel()
+            if not isinstance(exc, Exception):
+                raise
+            return
+        finally:
+            self._slots.release()
+        for unit, result in zip(units, results, strict=False):
+            if unit.future.done():
+                continue
+            try:
+                unit.future.set_result(self._unit_result(result, unit.statements))
+            except Exception as exc:  # noqa: BLE001 - handed to the unit's caller
+                unit.future.set_exception(exc)
+
+    async def _post(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One HTTP exchange; raises what a caller's retry policy can classify."""
+        body = {"baton": None, "requests": [*requests, {"type": "close"}]}
+        self.exchanges += 1
+        try:
+            response = await self._client.post(PIPELINE, json=body)
+        except httpx.TimeoutException as exc:
+            raise PrimaryUnavailableError(
+                f"the primary at {self.where} did not answer in time ({type(exc).__name__}); its "
+                "outcome is unknown and is looked up before any retry"
+            ) from None
+        except httpx.TransportError as exc:
+            raise PrimaryUnavailableError(
+                f"cannot reach the primary at {self.where} ({type(exc).__name__}: {exc}): check that it "
+                "runs and that HAREL_EDGE_URL / HAREL_EDGE_SYNC_URL is its HTTP address"
+            ) from None
+        if response.status_code in (401, 403):
+            raise AuthError(
+                f"the primary at {self.where} refused the credentials (HTTP {response.status_code}: "
+                f"{response.text[:200]}): set HAREL_EDGE_AUTH_TOKEN to a valid read-write token"
+            )
+        if response.status_code >= 500 or response.status_code == 429:
+            raise PrimaryUnavailableError(
+                f"the primary at {self.where} answered HTTP {response.status_code} "
+                f"({response.text[:200]}); retried under the retry policy"
+            )
+        if response.status_code != 200:
+            raise ValueError(
+                f"the primary at {self.where} rejected the request: HTTP {response.status_code} "
+                f"{response.text[:300]}"
+            )
+        try:
+            results = response.json()["results"]
+            if not isinstance(results, list) or len(results) < len(requests):
+                raise ValueError("fewer results than requests")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PrimaryUnavailableError(
+                f"the primary at {self.where} sent an answer that is not Hrana ({exc}); its outcome "
+                "is unknown and is looked up before any retry"
+            ) from None
+        return results[: len(requests)]
+
+    def _unit_result(self, result: dict[str, Any], statements: int) -> Any:
+        if result.get("type") != "ok":
+            error = result.get("error") or {}
+            raise _statement_error(error, 0)
+        response = result["response"]
+        if statements == 0:
+            return self._result(response["result"])
+        batch = response["result"]
+        errors = batch.get("step_errors") or []
+        for step, error in enumerate(errors[: statements + 2]):
+            if error is not None:
+                raise _statement_error(error, step - 1)
+        steps = batch["step_results"]
+        if steps[statements + 1] is None:  # the COMMIT did not run: nothing was applied
+            raise StatementError("the transaction was not committed", step=statements)
+        return [self._result(r) for r in steps[1 : statements + 1]]
+
+    def _result(self, raw: dict[str, Any]) -> Result:
+        index = raw.get("replication_index")
+        if index is not None:
+            index = int(index)
+            if self.last_replication_index is None or index > self.last_replication_index:
+                self.last_replication_index = index
+        rowid = raw.get("last_insert_rowid")
+        return Result(
+            rows=[tuple(_decode(v) for v in row) for row in raw.get("rows", [])],
+            affected=int(raw.get("affected_row_count") or 0),
+            last_rowid=int(rowid) if rowid is not None else None,
+            replication_index=index,
+        )
+
+
+def _statement_error(error: dict[str, Any], step: int) -> StatementError:
+    message = str(error.get("message") or "statement failed")
+    code = error.get("code")
+    return StatementError(f"{message} ({code})" if code else message, step=step, code=code)
+
+
+def _stmt(stmt: Stmt) -> dict[str, Any]:
+    return {"sql": stmt.sql, "args": [_encode(v) for v in stmt.args], "want_rows": True}
+
+
+def _encode(value: Value) -> dict[str, Any]:
+    if value is None:
+        return {"type": "null"}
+    if isinstance(value, bool | int):
+        return {"type": "integer", "value": str(int(value))}
+    if isinstance(value, float):
+        return {"type": "float", "value": value}
+    if isinstance(value, str):
+        return {"type": "text", "value": value}
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"type": "blob", "base64": base64.b64encode(bytes(value)).decode()}
+    raise TypeError(f"cannot send a {type(value).__name__} as an SQL value")
+
+
+def _decode(value: dict[str, Any]) -> Value:
+    kind = value.get("type")
+    if kind == "null":
+        return None
+    if kind == "integer":
+        return int(value["value"])
+    if kind == "float":
+        return float(value["value"])
+    if kind == "text":
+        return value["value"]
+    if kind == "blob":
+        return base64.b64decode(value["base64"])
+    raise ValueError(f"unknown Hrana value type {kind!r}")

@@ -1,0 +1,167 @@
+"""The worker's event path (executor, claim_many, commit with its ack) on every profile."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+from harel.engine.execution import Execution
+from harel.engine.store import StoreConflict
+from harel.spec.states import Event
+from harel.testing import (
+    assert_async_listing_contract,
+    assert_async_outbox_contract,
+    assert_async_purge_contract,
+    assert_async_transport_contract,
+)
+
+from harel_edge.event_path import EventPath, EventStore, EventTransport
+from harel_edge.executor import open_executor
+from harel_edge.worker import open_connection, prepare
+
+
+def prepared(settings):
+    connection = open_connection(settings)
+    try:
+        prepare(connection, migrate=True)
+    finally:
+        connection.close()
+    return settings
+
+
+@contextlib.asynccontextmanager
+async def event_path(settings, clock=None, concurrency=32):
+    executor = open_executor(prepared(settings))
+    path = EventPath(executor, settings, clock=clock)
+    try:
+        yield EventTransport(path, concurrency=concurrency), EventStore(path)
+    finally:
+        await executor.aclose()
+
+
+def test_harels_async_transport_contract_holds_on_the_event_path(edge):
+    opened = []
+
+    async def make(clock):
+        cm = event_path(edge.settings(), clock=clock)
+        transport, _store = await cm.__aenter__()
+        opened.append(cm)
+        return transport
+
+    async def main():
+        try:
+            await assert_async_transport_contract(make)
+        finally:
+            for cm in opened:
+                await cm.__aexit__(None, None, None)
+
+    asyncio.run(main())
+    assert len(opened) >= 7, "the contract built a fresh transport for each of its checks"
+
+
+@pytest.mark.parametrize(
+    "contract",
+    [
+        lambda store: assert_async_listing_contract(store, ordered=True, ns="l-"),
+        lambda store: assert_async_purge_contract(store, ns="p-"),
+        lambda store: assert_async_outbox_contract(store, ns="o-"),
+    ],
+    ids=["listing", "purge", "outbox"],
+)
+def test_harels_async_store_contracts_hold_on_the_event_path(edge, contract):
+    async def main():
+        async with event_path(edge.settings()) as (_transport, store):
+            await contract(store)
+
+    asyncio.run(main())
+
+
+def test_claim_many_leases_the_heads_of_distinct_groups_in_one_statement(edge):
+    async def main():
+        async with event_path(edge.settings()) as (transport, _store):
+            for g in range(5):
+                for i in range(3):
+                    await transport.publish(f"g{g}", Event(kind=f"e{i}"))
+            before = transport.path.executor.exchanges
+            leases = await transport.claim_many("w", 30, 4)
+            assert transport.path.executor.exchanges == before + 1, "one unit of work, one exchange"
+            assert len(leases) == 4 and len({lease.group_id for lease in leases}) == 4
+            assert all(lease.event.kind == "e0" for lease in leases), "only each group's head"
+            rest = await transport.claim_many("w", 30, 10)
+            assert [lease.group_id for lease in rest] == [g for g in ("g0", "g1", "g2", "g3", "g4") if g not in {x.group_id for x in leases}]
+            assert await transport.claim_many("w", 30, 10) == [], "every group has one in flight"
+            assert await transport.ack_many([*leases, *rest]) == [True] * 5
+            again = await transport.claim_many("w", 30, 10)
+            assert sorted(lease.event.kind for lease in again) == ["e1"] * 5
+
+    asyncio.run(main())
+
+
+def test_a_commit_carries_the_ack_of_the_event_it_marks_processed(edge):
+    async def main():
+        async with event_path(edge.settings()) as (transport, store):
+            exe = Execution(id="x", definition_id="d")
+            await store.save(exe)
+            await transport.publish("x", Event(kind="go"))
+            lease = await transport.claim("w", 30)
+            loaded, processed = await store.load_for_event("x", lease.event.id)
+            assert loaded is not None and loaded.version == 1 and processed is False
+            before = transport.path.executor.exchanges
+            await store.commit(loaded, [], processed_event_id=lease.event.id)
+            assert await transport.ack(lease) is True
+            assert transport.path.executor.exchanges == before + 1, "the ack went out with the commit"
+            assert await transport.depth() == 0
+            assert (await store.load("x")).version == 2
+            assert await store.is_processed("x", lease.event.id)
+
+    asyncio.run(main())
+
+
+def test_a_stale_commit_raises_store_conflict_and_changes_nothing(edge):
+    async def main():
+        async with event_path(edge.settings()) as (transport, store):
+            exe = Execution(id="x", definition_id="d")
+            await store.save(exe)
+            stale = exe.model_copy()
+            await store.commit(exe, [], processed_event_id="e1")
+            await transport.publish("x", Event(kind="go"))
+            lease = await transport.claim("w", 30)
+            with pytest.raises(StoreConflict):
+                await store.commit(stale, [(None, Event(kind="out"))], processed_event_id=lease.event.id)
+            assert stale.version == 1, "a failed commit leaves the version as it was"
+            assert await store.pending_outbox() == [] or all(
+                e.event.kind != "out" for e in await store.pending_outbox()
+            )
+            assert await transport.depth() == 1, "the message was not acked by the failed commit"
+            assert await transport.nack(lease) is True
+
+    asyncio.run(main())
+
+
+def test_a_commit_whose_lease_was_lost_keeps_the_message_for_its_new_holder(edge):
+    async def main():
+        now = [1000.0]
+        settings = edge.settings()
+        async with (
+            event_path(settings, clock=lambda: now[0]) as (first, store),
+            event_path(edge.peer(settings), clock=lambda: now[0]) as (second, second_store),
+        ):
+            exe = Execution(id="x", definition_id="d")
+            await store.save(exe)
+            await first.publish("x", Event(kind="go"))
+            lease = await first.claim("w1", 5)
+            now[0] += 10  # the lease lapsed
+            other = await second.claim("w2", 5)
+            assert other is not None and other.seq == lease.seq
+            loaded, _ = await store.load_for_event("x", lease.event.id)
+            await store.commit(loaded, [], processed_event_id=lease.event.id)
+            assert await first.ack(lease) is False, "a lapsed lease is never acked as held"
+            assert await first.depth() == 1
+            _, processed = await second_store.load_for_event("x", other.event.id)
+            # Read by the claim, before the first commit: stale, and the version fences it.
+            assert processed is False
+            assert await second_store.is_processed("x", other.event.id), "the new holder can see it applied"
+            assert await second.ack(other) is True
+
+    asyncio.run(main())
