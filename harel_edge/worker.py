@@ -1,13 +1,13 @@
-"""The edge worker: harel's async worker on this transport, plus the durable-workflow loop.
+"""The edge worker: harel's async worker on the event path, plus the durable-workflow loop.
 
-One worker process holds ONE libsql connection, and everything in it goes through one
-serializer, the durable `Database`: harel's statechart worker (through `EdgeStore` and the
-transport), the durable workflows, and the periodic sampling for metrics. Two connections
-in one process would be two writers, and on a local file a writer waiting for the lock holds
-the GIL for the whole busy timeout, so the other connection's transaction cannot finish
-(FACTS.md); on a remote primary the driver holds the GIL for each round trip anyway, so a
-second connection would buy no concurrency. Parallelism comes from processes: `run_processes`
-starts several with the `spawn` method (a libsql connection must not cross a fork).
+Statechart events take the event path (`event_path.py`): one claim statement leases many
+groups' heads with their executions, and each event's commit carries its ack, through the
+profile's executor (Hrana over HTTP to a remote primary, never blocking the loop; one shared
+commit on a local file). The durable workflows, the schema step and the periodic sampling go
+through the durable `Database`, whose connection the local executor shares, so a local file
+has one writer a process. Parallelism beyond one process comes from processes:
+`run_processes` starts several with the `spawn` method (a libsql connection must not cross a
+fork).
 
 Stopping. On SIGTERM (or SIGINT) the worker stops claiming, lets harel's worker finish the
 events it holds and the durable loop finish its pass (which releases the workflow's claim),
@@ -26,7 +26,6 @@ import multiprocessing
 import os
 import signal
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -35,18 +34,17 @@ from typing import Any
 
 import structlog
 from harel.engine.aio.distributed import AsyncWorker
-from harel.engine.transport import Lease
-from harel.spec.states import Event
 
 from harel_edge import observability, retry, schema
 from harel_edge.connection import EdgeConnection
 from harel_edge.durable import Database, LibsqlCheckpointer, LibsqlDurable, LibsqlScheduler
 from harel_edge.durable.runtime import DurableWorker, Lost, Outcome, WorkflowFn
 from harel_edge.errors import ConfigurationError
+from harel_edge.event_path import EventPath, EventStore, EventTransport
+from harel_edge.executor import open_executor
 from harel_edge.settings import EdgeSettings
 from harel_edge.status import check_usable, database_facts, inspect_file, queue_status
-from harel_edge.store import AsyncEdgeStore, EdgeStore, store_tables
-from harel_edge.transport import LibsqlTransport, Message
+from harel_edge.store import store_tables
 
 log = structlog.get_logger("harel_edge.worker")
 
@@ -145,98 +143,7 @@ class WorkerReport:
         return asdict(self)
 
 
-# ---- the pieces, each going through the one Database ----------------------------------------
-
-
-class EdgeWorkerTransport:
-    """harel's async transport protocol over `LibsqlTransport`, through the worker's Database.
-
-    It counts claims, acks and nacks for the metrics and the report, and remembers the leases
-    it handed out and not yet settled, so a worker cancelled at shutdown can give them back.
-    """
-
-    def __init__(
-        self, transport: LibsqlTransport, database: Database, report: WorkerReport, groups: bool
-    ) -> None:
-        self._t = transport
-        self._db = database
-        self._report = report
-        self._groups: Counter[str] | None = Counter() if groups else None
-        self.held: dict[tuple[int, str | None], Lease] = {}
-
-    @property
-    def sync_transport(self) -> LibsqlTransport:
-        return self._t
-
-    async def publish(
-        self, group_id: str, event: Event, priority: int = 0, routing_key: str | None = None
-    ) -> None:
-        await self._db.run(lambda _c: self._t.publish(group_id, event, priority, routing_key))
-
-    async def publish_many(self, messages: list[Message]) -> int:
-        return await self._db.run(lambda _c: self._t.publish_many(messages))
-
-    async def claim(
-        self, worker_id: str, visibility: float, min_priority: int = 0, routing_keys=None
-    ) -> Lease | None:
-        lease = await self._db.run(
-            lambda _c: self._t.claim(worker_id, visibility, min_priority, routing_keys)
-        )
-        if lease is not None:
-            observability.CLAIMS.inc()
-            self._report.claims += 1
-            self.held[(lease.seq, lease.token)] = lease
-        return lease
-
-    async def ack(self, lease: Lease) -> bool:
-        done = await self._db.run(lambda _c: self._t.ack(lease))
-        self._settled(lease, done)
-        if done:
-            observability.ACKS.inc()
-            observability.EVENTS_HANDLED.inc()
-            self._report.acks += 1
-            if self._groups is not None:
-                self._groups[lease.group_id] += 1
-        return done
-
-    async def nack(self, lease: Lease, delay: float = 0.0) -> bool:
-        done = await self._db.run(lambda _c: self._t.nack(lease, delay))
-        self._settled(lease, done)
-        if done:
-            observability.NACKS.inc()
-            self._report.nacks += 1
-        return done
-
-    def _settled(self, lease: Lease, done: bool) -> None:
-        self.held.pop((lease.seq, lease.token), None)
-        if not done:
-            self._report.lost += 1
-
-    async def depth(self) -> int:
-        return await self._db.run(lambda _c: self._t.depth())
-
-    async def release_held(self) -> int:
-        """Give back every lease not yet settled (at shutdown, after cancelling its handler)."""
-        released = 0
-        for lease in list(self.held.values()):
-            try:
-                if await self._db.run(lambda _c, lease=lease: self._t.nack(lease)):
-                    released += 1
-            except Exception as exc:  # noqa: BLE001 - its lease lapses by itself; say so
-                log.warning(
-                    "could not give a message back",
-                    group_id=lease.group_id,
-                    seq=lease.seq,
-                    error=str(exc)[:200],
-                )
-            self.held.pop((lease.seq, lease.token), None)
-        return released
-
-    def group_counts(self) -> dict[str, int]:
-        return dict(self._groups or {})
-
-    async def close(self) -> None:
-        """The Database owns the connection; it is closed once, by the worker."""
+# ---- the durable pieces, with their metrics ------------------------------------------------------
 
 
 class _MeteredCheckpointer(LibsqlCheckpointer):
@@ -342,11 +249,18 @@ async def run_worker(
     started = time.monotonic()
     connection = await asyncio.to_thread(open_connection, settings)
     database = Database(connection)
+    executor = None
     try:
         await database.run(lambda c: prepare(c, migrate=options.migrate, adopt=options.adopt))
-        sync_transport = LibsqlTransport(connection=connection, create_schema=False)
-        transport = EdgeWorkerTransport(sync_transport, database, report, options.group_counts)
-        store = AsyncEdgeStore(EdgeStore(connection=connection, create_schema=False), database)
+        # The statecharts' events take the event path: a claim of many (with their executions)
+        # and one commit per event carrying its ack. Locally it shares the Database's connection
+        # (one writer a process); remotely it speaks Hrana from this loop.
+        executor = open_executor(settings, local_runner=database)
+        path = EventPath(executor, settings)
+        transport = EventTransport(
+            path, concurrency=options.concurrency, prefetch=True, report=report, count_groups=options.group_counts
+        )
+        store = EventStore(path)
 
         tasks: list[asyncio.Task] = []
         if definitions:
@@ -411,6 +325,8 @@ async def run_worker(
             await sampler
         report.groups = transport.group_counts()
     finally:
+        if executor is not None:
+            await executor.aclose()
         await database.aclose()
     report.seconds = time.monotonic() - started
     log.info(

@@ -56,16 +56,17 @@ class Executor(Protocol):
         """Send what is queued, then release connections."""
 
 
-def open_executor(settings: EdgeSettings, **options: Any) -> Executor:
-    """The executor for the settings' profile: a local file, or the primary over Hrana (sqld,
-    and every write of a replica, whose embedded file keeps serving local reads)."""
+def open_executor(settings: EdgeSettings, *, local_runner: Any = None) -> Executor:
+    """The executor for the settings' profile: a local file (on `local_runner`'s connection if
+    given, see `LocalExecutor`), or the primary over Hrana (sqld, and every write of a replica,
+    whose embedded file keeps serving local reads)."""
     if settings.profile in ("sqld", "replica"):
         from harel_edge.executor.remote import HranaExecutor  # noqa: PLC0415 - only remote profiles need httpx
 
-        return HranaExecutor(settings, **options)
+        return HranaExecutor(settings)
     from harel_edge.executor.local import LocalExecutor  # noqa: PLC0415
 
-    return LocalExecutor(settings, **options)
+    return LocalExecutor(settings, runner=local_runner)
 
 
 __all__ = ["Executor", "Result", "StatementError", "Stmt", "Value", "open_executor"]

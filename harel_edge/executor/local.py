@@ -127,7 +127,7 @@ class LocalExecutor:
             if raw.in_transaction:
                 raw.execute("ROLLBACK")
             raise
-        return [o if isinstance(o, Exception) or not unit.single else o[0] for o, unit in zip(outcomes, units)]
+        return [o if isinstance(o, Exception) or not unit.single else o[0] for o, unit in zip(outcomes, units, strict=True)]
 
 
 def _run_one(raw: Any, stmt: Stmt, step: int) -> Result:
