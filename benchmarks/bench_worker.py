@@ -32,6 +32,7 @@ from pathlib import Path
 from harel.engine.execution import Execution, Status
 from harel.spec.states import Event
 
+from harel_edge import observability
 from harel_edge.executor import Stmt, open_executor
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
@@ -171,6 +172,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    observability.configure_logging(level="warning", stream=sys.stderr)
     profiles = args.profiles.split(",")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -200,7 +202,6 @@ def main() -> None:
                             profile="replica", db_path=str(tmp_path / f"replica{n}.db"), sync_url=proxy.url, **remote
                         )
                 rows.append(asyncio.run(run_edge(settings, direct, args.orders, args.timeout)))
-                print(json.dumps(rows[-1]), file=sys.stderr)
         finally:
             if proxy is not None:
                 proxy.close()
