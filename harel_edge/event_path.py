@@ -165,7 +165,7 @@ class EventTransport:
             return self._buffer.popleft()
         # The free slots: leases held (buffered ones included) count against `concurrency`.
         n = max(1, self.concurrency - len(self.path.held)) if self.prefetch and not self._buffer else 1
-        leases = await self.claim_many(worker_id, visibility, n, min_priority, keys, with_execution=True)
+        leases = await self.claim_many(worker_id, visibility, n, min_priority, keys, with_execution=self.prefetch)
         if not leases:
             return None
         if not self._buffer:

@@ -76,7 +76,7 @@ class LocalExecutor:
         loop = asyncio.get_running_loop()
         try:
             while self._queue:
-                if self._linger > 0:
+                if self._linger > 0 and len(self._queue) > 1:  # under load only: see HranaExecutor
                     await asyncio.sleep(self._linger)
                 units = self._queue[: self._max_units]
                 del self._queue[: len(units)]

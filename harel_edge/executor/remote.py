@@ -49,7 +49,7 @@ class HranaExecutor:
     """Units of work for a remote primary; safe to use from many coroutines of one event loop.
 
     `max_requests` HTTP exchanges may be in flight at once, each carrying up to `max_units`
-    units; `linger` seconds is how long a new exchange waits for more units to join it.
+    units; under load, `linger` seconds is how long a new exchange waits for more to join it.
     """
 
     def __init__(
@@ -79,6 +79,7 @@ class HranaExecutor:
         self._slots = asyncio.Semaphore(max_requests)
         self._queue: list[_Unit] = []
         self._draining = False
+        self._in_flight = 0
         self._tasks: set[asyncio.Task] = set()
         self.exchanges = 0  # HTTP exchanges sent, for benchmarks and tests
         self.last_replication_index: int | None = None
@@ -128,7 +129,9 @@ class HranaExecutor:
             while self._queue:
                 await self._slots.acquire()
                 try:
-                    if self._linger > 0:
+                    # Linger only under load (other units waiting or in flight): a lone caller
+                    # is sent at once, and concurrent events get time to join one exchange.
+                    if self._linger > 0 and (len(self._queue) > 1 or self._in_flight > 0):
                         await asyncio.sleep(self._linger)
                     units = self._queue[: self._max_units]
                     del self._queue[: len(units)]
@@ -140,6 +143,7 @@ class HranaExecutor:
             self._draining = False
 
     async def _exchange(self, units: list[_Unit]) -> None:
+        self._in_flight += 1
         try:
             results = await self._post([u.request for u in units])
         except BaseException as exc:
@@ -154,6 +158,7 @@ class HranaExecutor:
                 raise
             return
         finally:
+            self._in_flight -= 1
             self._slots.release()
         for unit, result in zip(units, results, strict=False):
             if unit.future.done():

@@ -159,9 +159,27 @@ def test_a_commit_whose_lease_was_lost_keeps_the_message_for_its_new_holder(edge
             assert await first.ack(lease) is False, "a lapsed lease is never acked as held"
             assert await first.depth() == 1
             _, processed = await second_store.load_for_event("x", other.event.id)
-            # Read by the claim, before the first commit: stale, and the version fences it.
-            assert processed is False
-            assert await second_store.is_processed("x", other.event.id), "the new holder can see it applied"
+            assert processed is True, "the new holder sees the event applied, and only acks it"
             assert await second.ack(other) is True
+
+    asyncio.run(main())
+
+
+def test_the_workers_claim_brings_each_execution_so_loading_it_costs_no_round_trip(edge):
+    async def main():
+        async with event_path(edge.settings(), concurrency=8) as (plain, store):
+            transport = EventTransport(plain.path, concurrency=8, prefetch=True)
+            for g in range(3):
+                await store.save(Execution(id=f"x{g}", definition_id="d"))
+                await transport.publish(f"x{g}", Event(kind="go"))
+            before = transport.path.executor.exchanges
+            leases = [await transport.claim("w", 30) for _ in range(3)]
+            assert transport.path.executor.exchanges == before + 1, "one claim statement leased all three"
+            for lease in leases:
+                loaded, processed = await store.load_for_event(lease.group_id, lease.event.id)
+                assert loaded is not None and loaded.id == lease.group_id and processed is False
+            assert transport.path.executor.exchanges == before + 1, "the executions came with the claim"
+            assert await transport.release_held() == 3, "leases not yet handled are given back at shutdown"
+            assert await transport.depth() == 3
 
     asyncio.run(main())
