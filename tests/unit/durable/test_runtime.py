@@ -222,12 +222,18 @@ def test_a_crashed_workers_workflow_is_resumed_by_another_after_its_lease(run) -
 
 def test_step_names_the_runtime_uses_itself_are_refused(run) -> None:  # noqa: ANN001
     async def scenario(s: Stores) -> None:
+        wf = s.workflow()
+        ran = []
+
         async def flow(ctx: Context) -> None:
-            await ctx.step("inbox/1", lambda: 1)
+            await ctx.step("inbox/1", lambda: ran.append(1))
 
         with pytest.raises(ValueError, match="reserved"):
-            await run_durably(s.durable, s.workflow(), flow)
-        wf = s.workflow()
+            await run_durably(s.durable, wf, flow)
+        # The refusal came before the step ran or was recorded, and the workflow under test was
+        # released: it can be claimed again at once, its records untouched.
+        assert ran == []
+        assert await s.checkpointer.load(wf) == {}
         assert await s.checkpointer.claim(wf, timedelta(minutes=1), timedelta(seconds=1)) is not None
 
     run(scenario)
