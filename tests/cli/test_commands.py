@@ -3,14 +3,57 @@
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
-from cli_helpers import env_for, run
+from cli_helpers import COMMAND, env_for, run
 from harel.spec.states import Event
 
 from harel_edge import LibsqlTransport
 from harel_edge.schema import SCHEMA_VERSION
+from harel_edge.settings import ExplicitSettings
+from harel_edge.store import EdgeStore
+
+EXAMPLES = str(Path(__file__).resolve().parents[2] / "harel_edge" / "examples")
+
+
+def schema_of(path: Path) -> tuple[int, list[tuple]]:
+    """The file's schema version and every table, index, view and trigger, as SQL."""
+    db = sqlite3.connect(path)
+    try:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        objects = db.execute("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY name").fetchall()
+    finally:
+        db.close()
+    return version, objects
+
+
+def handled_everything(path: Path, execution: str) -> tuple[str, int] | None:
+    """(the execution's status, messages left) once it is done and the queue is empty."""
+    store = EdgeStore(ExplicitSettings.load(profile="local", db_path=str(path)), create_schema=False)
+    try:
+        status = store.load(execution).status.name
+        left = store.connection.execute("SELECT count(*) FROM harel_transport_messages")[0][0]
+    finally:
+        store.close()
+    return (status, left) if status == "DONE" and left == 0 else None
+
+
+def poll_until(predicate, process: subprocess.Popen, log: Path, timeout: float = 60):  # noqa: ANN001, ANN201
+    """Look again every 0.1 s until `predicate()` answers; fail if the process exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        if process.poll() is not None:
+            raise AssertionError(f"the worker exited early ({process.returncode}):\n{log.read_text()}")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting; the worker's log:\n{log.read_text()}")
 
 
 def test_publish_then_status_shows_the_message_by_priority_and_routing_key(place, tmp_path):
@@ -76,9 +119,30 @@ def test_migrate_print_sql_touches_nothing_and_builds_a_schema_the_commands_acce
     db = sqlite3.connect(path)
     db.executescript(printed.stdout)
     db.close()
+    built = schema_of(path)
     assert run(["migrate"], env, tmp_path).stdout.startswith(f"schema version {SCHEMA_VERSION}: up to date")
     assert run(["publish", "g", "E"], env, tmp_path).returncode == 0
-    assert run(["worker", "--no-migrate", "-D", "does-not-exist"], env, tmp_path).returncode == 2
+    # A worker that only checks the schema (a migration tool owns it) runs a statechart on it:
+    # every table it reads and writes is there, as the printed SQL made it.
+    for kind, data in (("Start", "{}"), ("Pay", '{"amount": 4.0}'), ("Ship", "{}"), ("Deliver", "{}")):
+        extra = ["--create", "order"] if kind == "Start" else []
+        assert run(["publish", "order-1", kind, "--data", data, *extra], env, tmp_path).returncode == 0
+    log = tmp_path / "worker.log"
+    command = [COMMAND, "--log-format", "json", "worker", "--no-migrate", "-D", EXAMPLES]
+    with log.open("w") as stderr:
+        worker = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        handled = poll_until(lambda: handled_everything(path, "order-1"), worker, log)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+    assert worker.returncode == 0, log.read_text()
+    assert handled == ("DONE", 0), "order-1 ran to its end and every message was taken"
+    assert schema_of(path) == built, "neither migrate nor the worker had to add or change anything"
 
 
 def test_config_show_prints_the_settings_with_the_token_redacted(tmp_path):
