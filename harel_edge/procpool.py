@@ -17,7 +17,7 @@ concurrency it is asked for; the first starts in `start()`, so a bad URL or toke
 
 Cancellation. A cancelled caller cannot take its statement back from the worker: the worker
 runs it to the end. The worker is therefore released by its answer arriving, never by the
-caller leaving (the same handshake as `offload.OneAtATime`): the call runs as a task, the caller
+caller leaving: the call runs as a task, the caller
 awaits a shield of it, and the task's done-callback puts the worker back. The next caller can
 never find a worker mid-statement.
 
@@ -26,7 +26,7 @@ each worker to close its resource and exit, and reaps it. A worker also exits wh
 goes away (its socket reaches end of file), so none outlives its owner.
 
 One writer at a time. `size=1` is one connection used by one caller at a time, exactly the
-`OneAtATime` contract, with the loop kept free: the way for work that spans several statements
+one-caller contract, with the loop kept free: the way for work that spans several statements
 (an explicit transaction) to keep its guarantees, since each `work` call runs whole in one
 worker.
 """

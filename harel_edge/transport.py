@@ -325,17 +325,27 @@ class LibsqlTransport:
             self._conn.sync()
 
     def _check_schema(self) -> None:
-        version = schema.read_version(self._conn.execute)
-        if version > schema.SCHEMA_VERSION:
-            raise SchemaTooNewError(
-                f"this database has schema version {version}, newer than {schema.SCHEMA_VERSION}: "
-                "upgrade harel_edge on this machine"
-            )
-        if not schema.has_routing_key(self._conn.execute, self.settings.prefix):
-            raise SchemaError(
-                f"{self._n.groups} is missing or predates routing keys, and create_schema=False: run "
-                "`harel-edge migrate` (or `harel-edge migrate --print-sql` for your migration tool)"
-            )
+        check_schema(self._conn.execute, self.settings.prefix)
+
+    @property
+    def clock(self) -> Clock | None:
+        """The injected clock, or None for the database's."""
+        return self._clock
+
+
+def check_schema(execute: schema.Execute, prefix: str) -> None:
+    """Refuse a database whose transport schema is newer than this code, or not yet upgraded."""
+    version = schema.read_version(execute)
+    if version > schema.SCHEMA_VERSION:
+        raise SchemaTooNewError(
+            f"this database has schema version {version}, newer than {schema.SCHEMA_VERSION}: "
+            "upgrade harel_edge on this machine"
+        )
+    if not schema.has_routing_key(execute, prefix):
+        raise SchemaError(
+            f"{EdgeNames(prefix).groups} is missing or predates routing keys, and create_schema=False: run "
+            "`harel-edge migrate` (or `harel-edge migrate --print-sql` for your migration tool)"
+        )
 
 
 def _explicit_settings(

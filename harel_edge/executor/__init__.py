@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from harel_edge.errors import HarelEdgeError
 from harel_edge.settings import EdgeSettings
 
 Value = None | int | float | str | bytes
@@ -43,8 +44,14 @@ class StatementError(RuntimeError):
         self.code = code
 
 
+class ExecutorClosedError(HarelEdgeError):
+    """A unit of work was given to an executor after it was closed."""
+
+
 class Executor(Protocol):
     """Runs units of work for one profile's database."""
+
+    closed: bool
 
     async def execute(self, stmt: Stmt) -> Result:
         """One statement, committed on its own."""
@@ -69,4 +76,4 @@ def open_executor(settings: EdgeSettings, *, local_runner: Any = None) -> Execut
     return LocalExecutor(settings, runner=local_runner)
 
 
-__all__ = ["Executor", "Result", "StatementError", "Stmt", "Value", "open_executor"]
+__all__ = ["Executor", "ExecutorClosedError", "Result", "StatementError", "Stmt", "Value", "open_executor"]

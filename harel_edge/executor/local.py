@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harel_edge.connection import EdgeConnection
-from harel_edge.executor import Result, StatementError, Stmt
+from harel_edge.executor import ExecutorClosedError, Result, StatementError, Stmt
 from harel_edge.settings import EdgeSettings
 
 
@@ -29,19 +29,27 @@ class LocalExecutor:
     """Units of work for a local file; safe to use from many coroutines of one event loop."""
 
     def __init__(
-        self, settings: EdgeSettings, *, max_units: int = 256, linger: float | None = None, runner: Any = None
+        self,
+        settings: EdgeSettings,
+        *,
+        max_units: int = 256,
+        linger: float | None = None,
+        runner: Any = None,
+        connection: EdgeConnection | None = None,
     ) -> None:
         """`runner`: an object whose `async run(work)` calls `work(connection)` with nobody else
-        in that connection (the durable `Database`); without one, a thread and a connection of
-        its own."""
+        in that connection (the durable `Database`); else `connection` (its owner closes it) on
+        a thread of this executor's, else a connection of its own."""
         self.settings = settings
         self._runner = runner
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harel-edge-local")
-        self._connection: EdgeConnection | None = None
+        self._connection: EdgeConnection | None = connection
+        self._owns_connection = connection is None
         self._max_units = max_units
         self._linger = settings.commit_linger if linger is None else linger
         self._queue: list[_Unit] = []
         self._draining = False
+        self.closed = False
         self._drain_task: asyncio.Task | None = None
         self.exchanges = 0  # commits made, for benchmarks and tests
         self.last_replication_index = None
@@ -58,13 +66,18 @@ class LocalExecutor:
         return await self._submit(list(stmts), single=False)
 
     async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         if self._drain_task is not None:
             await asyncio.gather(self._drain_task, return_exceptions=True)
-        if self._connection is not None:
+        if self._connection is not None and self._owns_connection:
             await asyncio.get_running_loop().run_in_executor(self._thread, self._connection.close)
         self._thread.shutdown(wait=True)
 
     def _submit(self, stmts: list[Stmt], *, single: bool) -> asyncio.Future:
+        if self.closed:
+            raise ExecutorClosedError(f"{self!r} was closed: open a new transport or store to go on")
         future = asyncio.get_running_loop().create_future()
         self._queue.append(_Unit(stmts, single, future))
         if not self._draining:

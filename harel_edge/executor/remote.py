@@ -18,7 +18,7 @@ import httpx
 import structlog
 
 from harel_edge.errors import AuthError, PrimaryUnavailableError
-from harel_edge.executor import Result, StatementError, Stmt, Value
+from harel_edge.executor import ExecutorClosedError, Result, StatementError, Stmt, Value
 from harel_edge.settings import EdgeSettings
 
 log = structlog.get_logger("harel_edge.executor.remote")
@@ -79,6 +79,7 @@ class HranaExecutor:
         self._slots = asyncio.Semaphore(max_requests)
         self._queue: list[_Unit] = []
         self._draining = False
+        self.closed = False
         self._in_flight = 0
         self._tasks: set[asyncio.Task] = set()
         self.exchanges = 0  # HTTP exchanges sent, for benchmarks and tests
@@ -104,6 +105,9 @@ class HranaExecutor:
         return await self._submit({"type": "batch", "batch": {"steps": steps}}, len(stmts))
 
     async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         await self._client.aclose()
@@ -111,6 +115,8 @@ class HranaExecutor:
     # ---- coalescing --------------------------------------------------------------------------
 
     def _submit(self, request: dict[str, Any], statements: int) -> asyncio.Future:
+        if self.closed:
+            raise ExecutorClosedError(f"{self!r} was closed: open a new transport or store to go on")
         future = asyncio.get_running_loop().create_future()
         self._queue.append(_Unit(request, future, statements))
         if not self._draining:

@@ -1,23 +1,22 @@
 """The async transport as built by `create`/`from_settings`, on every profile: on sqld and replica
-its connections live in worker processes, and the event loop stays free during a call.
+its calls are Hrana requests from the event loop, which stays free during a call.
 
 Loop freedom is judged by counting: a 1 ms ticker runs while one call travels through a
-latency proxy that makes every round trip at least 100 ms, once on the thread design (the
-baseline: the driver holds the GIL, so the loop is frozen) and once on worker processes. Only
-tick counts are compared, never durations.
+latency proxy that makes every round trip at least 100 ms, once through the libsql driver on a
+thread (the baseline: the driver holds the GIL, so the loop is frozen) and once through the
+transport. Only tick counts are compared, never durations.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 from harel.spec.states import Event
 from harel.testing import assert_async_transport_contract
 
-from harel_edge import AsyncLibsqlTransport
-from harel_edge.procpool import PoolClosedError
+from harel_edge import AsyncLibsqlTransport, LibsqlTransport
+from harel_edge.executor import ExecutorClosedError
 from harel_edge.testing.loop import ticks_during
 from harel_edge.testing.proxy import LatencyProxy
 
@@ -28,20 +27,18 @@ def test_harels_async_transport_contract_holds_on_the_default_design(edge):
     made = []
 
     async def make(clock):
-        transport = await AsyncLibsqlTransport.from_settings(edge.settings(), clock, processes=2)
-        made.append((transport, transport.processes))
+        transport = await AsyncLibsqlTransport.from_settings(edge.settings(), clock)
+        made.append(transport)
         return transport
 
     asyncio.run(assert_async_transport_contract(make))
-    assert len(made) >= 7
-    expected = 0 if edge.profile == "local" else 1
-    assert all(started == expected for _, started in made), "local runs on a thread; remote starts one worker"
-    assert all(t.processes == 0 for t, _ in made), "every worker process was closed"
+    assert len(made) >= 7, "the contract built a fresh transport for each of its checks"
+    assert all(t.path.executor.closed for t in made), "the contract closed every transport it made"
 
 
 def test_operations_in_flight_together_each_get_a_different_group(edge):
     async def main():
-        t = await AsyncLibsqlTransport.from_settings(edge.settings(), processes=4)
+        t = await AsyncLibsqlTransport.from_settings(edge.settings())
         try:
             await t.publish_many([(f"G{i}", Event(kind=f"e{i}")) for i in range(8)])
             leases = await asyncio.gather(*(t.claim(f"w{i}", 30) for i in range(8)))
@@ -49,8 +46,6 @@ def test_operations_in_flight_together_each_get_a_different_group(edge):
             assert await t.claim("late", 30) is None, "every group is in flight"
             assert all(await asyncio.gather(*(t.ack(lease) for lease in leases)))
             assert await t.depth() == 0
-            if edge.profile != "local":
-                assert t.processes > 1, "the calls were spread over several worker processes"
         finally:
             await t.close()
 
@@ -59,7 +54,7 @@ def test_operations_in_flight_together_each_get_a_different_group(edge):
 
 def test_a_depth_counts_every_message_published_through_any_worker(edge):
     async def main():
-        t = await AsyncLibsqlTransport.from_settings(edge.settings(), processes=2)
+        t = await AsyncLibsqlTransport.from_settings(edge.settings())
         try:
             for round_ in range(1, 4):
                 await asyncio.gather(
@@ -78,27 +73,31 @@ def test_the_loop_keeps_ticking_while_a_remote_call_is_in_flight_through_a_slow_
 
     async def main(proxy: LatencyProxy):
         settings = _through(edge, proxy)
-        threads = await AsyncLibsqlTransport.from_settings(settings, processes=0)
-        processes = await AsyncLibsqlTransport.from_settings(edge.peer(settings), processes=1)
+        driver = await asyncio.to_thread(LibsqlTransport, settings=settings)
+        transport = await AsyncLibsqlTransport.from_settings(edge.peer(settings))
         try:
-            await threads.publish("warm", Event(kind="w"))  # both connections made and used
-            await processes.depth()
+            await asyncio.to_thread(driver.publish, "warm", Event(kind="w"))  # both used once
+            await transport.depth()
+            calls = {
+                "driver on a thread": lambda: asyncio.to_thread(driver.claim, "w", 30, 4),
+                "transport": lambda: transport.claim("w", 30, min_priority=4),
+            }
             counts = {}
-            for name, t in (("threads", threads), ("processes", processes)):
+            for name, call in calls.items():
                 before = proxy.stats()["chunks_up"]
                 # An UPDATE on every profile: on a replica it is delegated to the primary.
-                counts[name], lease = await ticks_during(lambda t=t: t.claim("w", 30, min_priority=4))
+                counts[name], lease = await ticks_during(call)
                 assert lease is None
                 assert proxy.stats()["chunks_up"] > before, f"the {name} call went through the proxy"
             return counts
         finally:
-            await threads.close()
-            await processes.close()
+            await asyncio.to_thread(driver.close)
+            await transport.close()
 
     with LatencyProxy(edge.server.http_port, delay=0.050) as proxy:  # each round trip >= 100 ms
         counts = asyncio.run(main(proxy))
-    assert counts["processes"] >= 20, f"the loop ticked during the call on worker processes: {counts}"
-    assert counts["processes"] >= 5 * (counts["threads"] + 1), f"far more than on a frozen loop: {counts}"
+    assert counts["transport"] >= 20, f"the loop ticked during the transport's call: {counts}"
+    assert counts["transport"] >= 5 * (counts["driver on a thread"] + 1), f"far more than on a frozen loop: {counts}"
 
 
 async def _until(predicate, what: str) -> None:
@@ -115,12 +114,12 @@ def _through(edge, proxy: LatencyProxy):
     return edge.settings(**{key: proxy.url})
 
 
-def test_a_cancelled_claim_still_takes_effect_and_its_worker_answers_the_next_call(edge):
+def test_a_cancelled_claim_still_takes_effect_and_nothing_is_lost(edge):
     if edge.profile == "local":
-        pytest.skip("the local profile runs on a thread (offload.OneAtATime has its own tests)")
+        pytest.skip("the local profile has no link to the primary")
 
     async def main(proxy: LatencyProxy):
-        t = await AsyncLibsqlTransport.from_settings(_through(edge, proxy), processes=1)
+        t = await AsyncLibsqlTransport.from_settings(_through(edge, proxy))
         try:
             await t.publish("G", Event(kind="only"))
             sent = proxy.stats()["chunks_up"]
@@ -130,8 +129,7 @@ def test_a_cancelled_claim_still_takes_effect_and_its_worker_answers_the_next_ca
             with pytest.raises(asyncio.CancelledError):
                 await claim
             assert await t.claim("next", 30) is None, "the cancelled claim ran to the end: G is in flight"
-            assert await t.depth() == 1, "and nothing was lost"
-            assert t.processes == 1, "the worker was kept: it was never handed over mid-call"
+            assert await t.depth() == 1, "and nothing was lost: its lease lapses and G is delivered again"
         finally:
             await t.close()
 
@@ -139,27 +137,19 @@ def test_a_cancelled_claim_still_takes_effect_and_its_worker_answers_the_next_ca
         asyncio.run(main(proxy))
 
 
-def test_close_waits_for_the_call_in_flight_then_no_worker_process_is_left(edge):
-    if edge.profile == "local":
-        pytest.skip("the local profile runs on a thread")
-
-    async def main(proxy: LatencyProxy):
-        t = await AsyncLibsqlTransport.from_settings(_through(edge, proxy), processes=2)
+def test_close_waits_for_the_call_in_flight_then_refuses_new_calls(edge):
+    async def main(url_of):
+        t = await AsyncLibsqlTransport.from_settings(url_of())
         await t.publish("G", Event(kind="e"))
-        await asyncio.gather(t.depth(), t.depth())
-        pids = list(t._pool.pids)
-        assert len(pids) == 2
-        sent = proxy.stats()["chunks_up"]
         claim = asyncio.create_task(t.claim("w", 30))
-        await _until(lambda: proxy.stats()["chunks_up"] > sent, "the claim to be on the wire")
+        await asyncio.sleep(0)  # the claim is queued: close must answer it before closing
         await t.close()
         assert claim.done() and (await claim).event.kind == "e", "the claim in flight was answered first"
-        with pytest.raises(PoolClosedError):
+        with pytest.raises(ExecutorClosedError, match="closed"):
             await t.depth()
-        assert t.processes == 0
-        for pid in pids:
-            with pytest.raises(ProcessLookupError):
-                os.kill(pid, 0)
 
+    if edge.profile == "local":
+        asyncio.run(main(edge.settings))
+        return
     with LatencyProxy(edge.server.http_port, delay=0.050) as proxy:
-        asyncio.run(main(proxy))
+        asyncio.run(main(lambda: _through(edge, proxy)))
