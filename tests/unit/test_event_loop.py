@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import os
 import signal
 import socket
@@ -204,9 +205,15 @@ def test_a_cancelled_caller_does_not_hand_its_connection_mid_transaction_to_the_
             first.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await first
+            assert (pool.live, pool.pids) == (1, []), "the cancelled call still holds the pool's one worker"
             second = asyncio.create_task(pool.run(state_seen_by_next_caller))
-            await asyncio.sleep(0)
+            # The next caller has run as far as it can without an answer from a worker process.
+            await until(
+                lambda: inspect.getcoroutinestate(second.get_coro()) != inspect.CORO_CREATED,
+                "the next caller to start",
+            )
             assert not second.done()
+            assert (pool.live, pool.pids) == (1, []), "the next caller waits for that worker, not another"
             Path(release).touch()
             in_transaction, rows = await second
             assert in_transaction is False, "the next caller found no transaction left open"
