@@ -5,15 +5,21 @@ from __future__ import annotations
 import io
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import structlog
+from harel.engine.distributed import Worker
+from harel.engine.execution import Execution
 from harel.spec.states import Event
 from prometheus_client import REGISTRY
 
 from harel_edge import LibsqlTransport, observability, retry
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
+from harel_edge.worker import load_definitions
+
+EXAMPLES = str(Path(__file__).resolve().parents[2] / "harel_edge" / "examples")
 
 
 @pytest.fixture
@@ -97,7 +103,19 @@ def test_a_failed_sync_writes_a_log_line_and_is_counted(log_lines, fresh_sqld_pr
     assert len(log_lines("retrying")) == 1
 
 
-def test_harels_own_log_lines_come_out_as_json_too(log_lines):
-    logging.getLogger("harel.engine.aio.distributed").warning("worker %s failed handling %s", "w1", "Pay")
-    (line,) = [line for line in log_lines() if line.get("logger") == "harel.engine.aio.distributed"]
-    assert line["event"] == "worker w1 failed handling Pay" and line["level"] == "warning"
+def test_harels_own_log_lines_come_out_as_json_too(log_lines, tmp_path):
+    # harel's worker logic, on harel_edge's store and transport, discards an event sent to an
+    # execution that has not started, and says so on harel's own logger.
+    store = EdgeStore(ExplicitSettings.load(profile="local", db_path=str(tmp_path / "q.db")))
+    transport = LibsqlTransport(connection=store.connection)
+    try:
+        store.save(Execution(id="order-1", definition_id="order"))  # PENDING: its Start not handled
+        transport.publish("order-1", Event(kind="Pay", data={"amount": 1.0}))
+        worker = Worker(store, transport, load_definitions(EXAMPLES), worker_id="w1", execution="inline")
+        assert worker.step() is True
+        assert transport.depth() == 0, "the event was discarded"
+    finally:
+        store.close()
+    (line,) = [line for line in log_lines() if line.get("logger") == "harel.engine.hosting"]
+    assert line["event"].startswith("discarding Pay event for execution order-1: still PENDING")
+    assert line["level"] == "warning" and "timestamp" in line
