@@ -20,6 +20,7 @@ import json
 import os
 import secrets
 import shutil
+import sqlite3
 import sys
 import tempfile
 import time
@@ -38,6 +39,8 @@ from harel_edge.connection import EdgeConnection, explain_connect_error
 from harel_edge.errors import (
     AuthError,
     ConfigurationError,
+    DamagedDatabaseError,
+    DatabaseAccessError,
     HarelEdgeError,
     NotADatabaseError,
     PrimaryUnavailableError,
@@ -46,6 +49,7 @@ from harel_edge.errors import (
 from harel_edge.settings import EdgeSettings
 from harel_edge.status import (
     Check,
+    check_can_write,
     check_usable,
     clock_skew,
     database_facts,
@@ -53,7 +57,6 @@ from harel_edge.status import (
     last_sync_of_replica_file,
     open_read_only,
     queue_status,
-    quick_check,
     raise_missing,
     schema_check,
     settings_summary,
@@ -61,6 +64,7 @@ from harel_edge.status import (
     tidy,
     workflow_status,
     write_access,
+    write_problem,
 )
 from harel_edge.store import store_tables
 
@@ -163,7 +167,7 @@ def _code_for(exc: BaseException) -> int:
         return EXIT_UNREACHABLE
     if isinstance(exc, AuthError):
         return EXIT_AUTH
-    if isinstance(exc, (NotADatabaseError, SchemaError)):
+    if isinstance(exc, (NotADatabaseError, SchemaError, DatabaseAccessError)):
         return EXIT_DATABASE
     return EXIT_PROBLEM
 
@@ -180,6 +184,12 @@ def handled(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise
         except HarelEdgeError as exc:
             _fail(_code_for(exc), _scrub(tidy(str(exc)), ctx))
+        except sqlite3.DatabaseError as exc:  # a local file read through the standard library
+            _fail(
+                EXIT_DATABASE,
+                f"SQLite could not read the database ({exc}): run `harel-edge doctor` to check it, and "
+                "restore it from a backup if it reports damage",
+            )
         except ValueError as exc:  # the driver's errors are ValueErrors: explain them
             settings = _maybe_settings(ctx)
             explained = explain_connect_error(settings, exc) if settings is not None else exc
@@ -227,6 +237,11 @@ def _probe(settings: EdgeSettings) -> EdgeConnection:
     return EdgeConnection(_primary_settings(settings))
 
 
+READ_ONLY_FILE_FIX = (
+    "workers, publish and migrate write the database and create its -wal and -shm beside it: make "
+    "the file and its directory writable for the user they run as (chmod u+w, or chown them to that "
+    "user), or set HAREL_EDGE_DB_PATH to a writable place (status and doctor only read)"
+)
 READ_ONLY_TOKEN = (
     "the primary at {where} accepts this token for reading only: set HAREL_EDGE_AUTH_TOKEN to a "
     "read-write token (publish, migrate and workers write; status and doctor only read); nothing was changed"
@@ -235,9 +250,11 @@ READ_ONLY_TOKEN = (
 
 def check_writable(settings: EdgeSettings, *, adopt: bool = False) -> None:
     """Refuse, before anything is written, what must not be written to: a file that is not a
-    database or is another application's, a newer schema, and a read-only token."""
+    database, is damaged or is another application's, a newer schema, a file or directory this
+    user cannot write, and a read-only token."""
     if settings.profile in ("local", "replica"):
         check_usable(inspect_file(settings.db_path), settings.prefix, settings.db_path, adopt=adopt)
+        check_can_write(settings.db_path)
     if settings.profile == "local":
         return
     primary = _probe(settings)
@@ -615,10 +632,24 @@ def diagnose(settings: EdgeSettings) -> list[Check]:
     if settings.profile in ("local", "replica"):
         label = "database file" if settings.profile == "local" else "replica file"
         try:
-            local = inspect_file(settings.db_path)
+            local = inspect_file(settings.db_path)  # with SQLite's quick_check
+        except DamagedDatabaseError as exc:
+            detail = f"{settings.db_path} is damaged: {exc.problems}"
+            fix = (
+                "restore it from a backup, or for a replica move the file (and its -wal, -shm, "
+                "-client_wal_index files) aside and let it re-sync; nothing was changed"
+            )
+            checks.append(Check(label, "fail", detail, fix))
+            return checks
         except HarelEdgeError as exc:
             checks.append(Check(label, "fail", f"{settings.db_path} cannot be used", str(exc)))
             return checks
+        problem = write_problem(settings.db_path)
+        writable = (
+            Check("write access", "fail", problem, READ_ONLY_FILE_FIX)
+            if problem
+            else Check("write access", "ok", f"this user may write {settings.db_path} and beside it")
+        )
         if not local.exists:
             if settings.profile == "local":
                 checks.append(
@@ -629,23 +660,18 @@ def diagnose(settings: EdgeSettings) -> list[Check]:
                         "run `harel-edge migrate` or start a worker",
                     )
                 )
+                checks.append(writable)
                 return checks
             checks.append(Check(label, "ok", f"{settings.db_path} does not exist yet: a worker creates it"))
+            checks.append(writable)
         else:
             try:
                 check_usable(local, settings.prefix, settings.db_path)
             except HarelEdgeError as exc:
                 checks.append(Check(label, "fail", f"{settings.db_path} cannot be used", str(exc)))
                 return checks
-            result = quick_check(settings.db_path)
-            if result != "ok":
-                checks.append(
-                    Check(
-                        label, "fail", f"{settings.db_path} is damaged: {result}", "restore it from a backup"
-                    )
-                )
-                return checks
             checks.append(Check(label, "ok", f"{settings.db_path} reads cleanly (quick_check)"))
+            checks.append(writable)
             if settings.profile == "local":
                 facts = local
     if settings.profile != "local":

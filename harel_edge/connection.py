@@ -31,7 +31,13 @@ os.environ.setdefault("RUST_LOG", "error")
 import libsql  # noqa: E402
 
 from harel_edge import retry
-from harel_edge.errors import AuthError, NotADatabaseError, PrimaryUnavailableError
+from harel_edge.errors import (
+    AuthError,
+    DamagedDatabaseError,
+    DatabaseAccessError,
+    NotADatabaseError,
+    PrimaryUnavailableError,
+)
 from harel_edge.settings import EdgeSettings
 
 Rows = list[tuple]
@@ -220,7 +226,35 @@ def explain_connect_error(settings: EdgeSettings, exc: BaseException) -> Excepti
     text = str(exc)
     lowered = text.lower()
     where = settings.server or settings.db_path
-    if "file is not a database" in lowered or "not a database" in lowered or "malformed" in lowered:
+    # The file on this machine, not the primary's answer to a delegated write or a Hrana request.
+    local = settings.profile != "sqld" and not any(w in lowered for w in ("delegation", "hrana", "status:"))
+    if "malformed" in lowered and "not a database" not in lowered and not local:
+        return NotADatabaseError(
+            f"the primary at {where} reports its database damaged ({_scrub(text, settings)}): restore "
+            "the primary's database from a backup"
+        )
+    if "malformed" in lowered and "not a database" not in lowered:
+        return DamagedDatabaseError(
+            f"{settings.db_path} is damaged ({text}): run `harel-edge doctor` to see where, and restore "
+            "it from a backup (a replica's file: move it and its -wal, -shm, -client_wal_index files "
+            "aside and let it re-sync)",
+            text,
+        )
+    if local and (isinstance(exc, PermissionError) or "readonly database" in lowered):
+        return DatabaseAccessError(
+            f"{settings.db_path} cannot be written by this user ({text}): make the file and its "
+            "directory writable for the user the workers run as (chmod u+w, or chown them to that "
+            "user), or set HAREL_EDGE_DB_PATH to a writable place"
+        )
+    if local and (
+        isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError))
+        or "unable to open" in lowered
+    ):
+        return DatabaseAccessError(
+            f"cannot open {settings.db_path} ({text}): check that HAREL_EDGE_DB_PATH names a file in "
+            "an existing directory that the user the workers run as may write"
+        )
+    if "file is not a database" in lowered or "not a database" in lowered:
         return NotADatabaseError(
             f"{settings.db_path} is not a SQLite/libSQL database ({text}): point HAREL_EDGE_DB_PATH "
             "at a harel_edge database or a new file; the file was left untouched"

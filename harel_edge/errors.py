@@ -33,6 +33,19 @@ class NotADatabaseError(HarelEdgeError):
     """The file is not a SQLite/libSQL database (corrupt, encrypted, or some other file)."""
 
 
+class DamagedDatabaseError(NotADatabaseError):
+    """SQLite opens the file, but its integrity check finds damaged pages (`problems`)."""
+
+    def __init__(self, message: str, problems: str = "") -> None:
+        super().__init__(message)
+        self.problems = problems
+
+
+class DatabaseAccessError(HarelEdgeError):
+    """This user may not write the database file, the files SQLite keeps beside it, or the
+    directory they live in (or may not read it at all): a matter of permissions, not of data."""
+
+
 class PrimaryUnavailableError(HarelEdgeError):
     """The primary could not be reached, even after the retry policy's attempts."""
 

@@ -14,11 +14,15 @@ variable and says what to set: a worker that cannot work should not start.
 
 from __future__ import annotations
 
+import difflib
+import logging
 import math
 import os
 import secrets
 import socket
-from typing import Annotated, Any, Literal
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 from harel.engine.schema import Names
@@ -45,6 +49,31 @@ DEFAULT_ASYNC_PROCESSES = 8
 MIN_SYNC_INTERVAL = 0.05
 MAX_SYNC_INTERVAL = 3600.0
 
+log = logging.getLogger("harel_edge.settings")
+
+# HAREL_EDGE_* variables that are not settings but are read elsewhere: the metrics server's
+# address (observability), the test fixtures' sqld (harel_edge.testing), compose's scripts.
+OTHER_VARIABLES = frozenset(
+    {
+        "HAREL_EDGE_METRICS_ADDR",
+        "HAREL_EDGE_SQLD_BACKEND",
+        "HAREL_EDGE_SQLD_BINARY",
+        "HAREL_EDGE_REQUIRE_SQLD",
+        "HAREL_EDGE_KEYS_DIR",
+        "HAREL_EDGE_WORKERS",
+        "HAREL_EDGE_WORKER_IMAGE",
+    }
+)
+_ENV_PREFIX = "HAREL_EDGE_"
+_warned: set[str] = set()  # the unknown variables already warned about in this process
+
+TOKEN_WITH_WHITESPACE = (
+    "HAREL_EDGE_AUTH_TOKEN (or HAREL_LIBSQL_AUTH_TOKEN) has whitespace inside it, or a character no "
+    "token has (only printable ASCII travels in an HTTP header): set it to the token alone, on one "
+    "line (a token wrapped over several lines: join them), e.g. "
+    "HAREL_EDGE_AUTH_TOKEN=\"$(tr -d '\\r\\n' < token-file)\""
+)
+
 
 def _env(field: str) -> str:
     """The variable a user sets for `field`, as error messages name it."""
@@ -66,6 +95,9 @@ class EdgeSettings(BaseSettings):
     Build it with `EdgeSettings.load()` (which turns validation failures into a
     `ConfigurationError` that names the variable), or with keyword arguments in code and tests.
     """
+
+    # Whether `load()` reads the environment (and so warns about variables that are no setting).
+    reads_environment: ClassVar[bool] = True
 
     model_config = SettingsConfigDict(
         env_prefix="HAREL_EDGE_",
@@ -144,6 +176,23 @@ class EdgeSettings(BaseSettings):
         return value
 
     # ---- field checks: each names its variable ------------------------------------------------
+
+    @field_validator("auth_token", mode="before")
+    @classmethod
+    def _one_word_token(cls, value: Any) -> Any:
+        """The token without the whitespace around it (a token file's newline, an env file's CR);
+        whitespace or a control character inside it is refused: the driver would send no request
+        at all ("Hrana: http error: http::Error(InvalidHeaderValue)")."""
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if not isinstance(value, str):
+            return value
+        token = value.strip()
+        if not token:
+            return None
+        if any(not 33 <= ord(c) <= 126 for c in token):
+            raise ValueError(TOKEN_WITH_WHITESPACE)
+        return token
 
     @field_validator("routing_keys", mode="before")
     @classmethod
@@ -280,7 +329,12 @@ class EdgeSettings(BaseSettings):
 
     @classmethod
     def load(cls, **overrides: Any) -> EdgeSettings:
-        """Read the environment (and `.env`) now, turning any failure into a `ConfigurationError`."""
+        """Read the environment (and `.env`) now, turning any failure into a `ConfigurationError`.
+
+        A `HAREL_EDGE_*` variable that is no setting (`HAREL_EDGE_PROFLE`) is ignored by the
+        settings: it is warned about, once a process, with the setting it resembles."""
+        if cls.reads_environment:
+            warn_unknown_variables(overrides.get("_env_file", cls.model_config.get("env_file")))
         try:
             return cls(**overrides)
         except ValidationError as exc:
@@ -297,6 +351,46 @@ class EdgeSettings(BaseSettings):
         data["auth_token"] = "**********" if self.auth_token else None
         data["routing_keys"] = list(self.routing_keys)
         return data
+
+
+def known_variables() -> frozenset[str]:
+    """Every HAREL_EDGE_* variable harel_edge reads: one a setting, and the others'."""
+    return frozenset(_env(name) for name in EdgeSettings.model_fields) | OTHER_VARIABLES
+
+
+def unknown_variables(names: Iterable[str]) -> list[tuple[str, str | None]]:
+    """The HAREL_EDGE_* names among `names` that nothing reads, each with the known variable it
+    most resembles (None when none is close). Matched without regard to case, as settings are."""
+    known = known_variables()
+    suffixes = {name.removeprefix(_ENV_PREFIX): name for name in known}
+    found = []
+    for name in names:
+        upper = name.upper()
+        if not upper.startswith(_ENV_PREFIX) or upper in known:
+            continue
+        guess = difflib.get_close_matches(upper.removeprefix(_ENV_PREFIX), sorted(suffixes), n=1, cutoff=0.6)
+        found.append((name, suffixes[guess[0]] if guess else None))
+    return found
+
+
+def warn_unknown_variables(env_files: Any = None) -> None:
+    """Log a warning for each unknown HAREL_EDGE_* variable in the environment and the env
+    file(s), once a process. Only names are logged, never a value (it may be a token)."""
+    sources: list[tuple[str, Iterable[str]]] = [("", os.environ)]
+    if isinstance(env_files, (str, os.PathLike)):
+        env_files = [env_files]
+    for env_file in env_files or ():
+        if Path(env_file).is_file():
+            from dotenv import dotenv_values  # noqa: PLC0415 - pydantic-settings' own dependency
+
+            sources.append((f" (in {env_file})", dotenv_values(env_file).keys()))
+    for where, names in sources:
+        for name, guess in unknown_variables(names):
+            if name.upper() in _warned:
+                continue
+            _warned.add(name.upper())
+            hint = f": did you mean {guess}?" if guess else " (`harel-edge config show` lists the settings)"
+            log.warning("%s%s is not a harel_edge setting and is ignored%s", name, where, hint)
 
 
 def _check_server_url(variable: str, url: str) -> None:
@@ -331,6 +425,8 @@ class ExplicitSettings(EdgeSettings):
     What a constructor such as `LibsqlTransport("queue.db")` builds, so an explicit argument
     never meets a contradicting variable from the process's environment.
     """
+
+    reads_environment: ClassVar[bool] = False
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, *args, **kwargs):  # type: ignore[override]

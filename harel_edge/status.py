@@ -5,14 +5,19 @@ has, so the same code reads a remote primary, an embedded replica's file or a lo
 Inspection never writes. Local files are inspected through the standard library's sqlite3 in
 read-only mode (`open_read_only`), not through libsql: opening a file with harel_edge's
 connection applies the local profile's pragmas (WAL), which would change a file that is not
-ours or not yet upgraded, and status must not change anything.
+ours or not yet upgraded, and status must not change anything. A local file is also checked
+(`PRAGMA quick_check`) before any command uses it: SQLite writes into a file with a damaged
+page as readily as into a sound one, and only an integrity check finds the damage.
 
 Times are the database's clock (`schema.DB_NOW`), the one leases are decided by.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import sqlite3
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -20,7 +25,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harel_edge import schema
-from harel_edge.errors import NotADatabaseError, SchemaError, SchemaTooNewError
+from harel_edge.errors import (
+    DamagedDatabaseError,
+    DatabaseAccessError,
+    NotADatabaseError,
+    SchemaError,
+    SchemaTooNewError,
+)
 from harel_edge.schema import DB_NOW, PARKED, EdgeNames
 from harel_edge.settings import EdgeSettings
 
@@ -82,17 +93,31 @@ def check_usable(facts: DatabaseFacts, prefix: str, where: str, *, adopt: bool =
         )
 
 
+DAMAGED_FIX = (
+    "Restore it from a backup, or for a replica move the file (and its -wal, -shm, "
+    "-client_wal_index files) aside and let it re-sync; the file was left untouched"
+)
+# A look at a file that changed meanwhile (a checkpoint by a worker) is repeated, this often.
+INSPECT_ATTEMPTS = 3
+
+
 def inspect_file(path: str) -> DatabaseFacts:
     """Look at a local database file without changing it (not even its journal mode).
 
     A missing or empty file is simply new. A file that is not SQLite, or whose first page does
-    not read, raises `NotADatabaseError`.
+    not read, raises `NotADatabaseError`; one whose integrity check (`PRAGMA quick_check`) finds
+    damage, `DamagedDatabaseError`; one this user may not read, `DatabaseAccessError`.
     """
     p = Path(path).expanduser()
     if path == ":memory:" or not p.exists():
         return DatabaseFacts(False)
     if p.is_dir():
         raise NotADatabaseError(f"{p} is a directory: set HAREL_EDGE_DB_PATH to a file inside it")
+    if not os.access(p, os.R_OK):
+        raise DatabaseAccessError(
+            f"{p} cannot be read by this user (uid {os.geteuid()}): run the command as the user the "
+            "workers run as, or give this one read access (chmod/chown); nothing was changed"
+        )
     with p.open("rb") as f:
         header = f.read(len(SQLITE_HEADER))
     if not header:
@@ -102,43 +127,165 @@ def inspect_file(path: str) -> DatabaseFacts:
             f"{p} is not a SQLite/libSQL database (it does not start with SQLite's header): point "
             "HAREL_EDGE_DB_PATH at a harel_edge database or a new file; the file was left untouched"
         )
-    try:
-        connection = open_read_only(str(p))
+    for _ in range(INSPECT_ATTEMPTS):
+        stamp = _stamp(p)
+        facts: DatabaseFacts | None = None
+        failure: sqlite3.DatabaseError | None = None
         try:
-            return database_facts(lambda sql, params=(): connection.execute(sql, params).fetchall())
+            connection = open_read_only(str(p))
+            try:
+                execute = _runner(connection)
+                problems = integrity(execute)
+                if problems == "ok":
+                    facts = database_facts(execute)
+            finally:
+                connection.close()
+        except sqlite3.DatabaseError as exc:
+            failure = exc
+        if _stamp(p) == stamp:
+            break  # nothing wrote to the file while it was read: what was read holds
+    if failure is not None:
+        raise NotADatabaseError(f"{p} is damaged: SQLite cannot read it ({failure}). {DAMAGED_FIX}") from None
+    if facts is None:
+        raise DamagedDatabaseError(f"{p} is damaged: {problems}. {DAMAGED_FIX}", problems)
+    return facts
+
+
+def _runner(connection: sqlite3.Connection) -> Execute:
+    return lambda sql, params=(): connection.execute(sql, params).fetchall()
+
+
+def _stamp(p: Path) -> tuple:
+    """What changes when anything writes to the database: the file's and its -wal's identity,
+    size and modification time."""
+    stamps = []
+    for file in (p, Path(f"{p}-wal")):
+        try:
+            st = file.stat()
+            stamps.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            stamps.append(None)
+    return tuple(stamps)
+
+
+def integrity(execute: Execute) -> str:
+    """SQLite's `PRAGMA quick_check`: 'ok', or the first problems on one line."""
+    lines = [line for (row,) in execute("PRAGMA quick_check(5)") for line in str(row).splitlines()]
+    return "; ".join(line for line in lines if line.strip() and not line.startswith("*** in database"))
+
+
+class _SnapshotConnection(sqlite3.Connection):
+    """A read-only connection to a private copy of a database, removed when it is closed."""
+
+    snapshot_dir: str | None = None
+
+    def close(self) -> None:
+        try:
+            super().close()
         finally:
-            connection.close()
-    except sqlite3.DatabaseError as exc:
-        raise NotADatabaseError(
-            f"{p} is damaged: SQLite cannot read it ({exc}). Restore it from a backup, or for a replica "
-            "move the file (and its -wal, -shm, -client_wal_index files) aside and let it re-sync; "
-            "the file was left untouched"
-        ) from None
+            if self.snapshot_dir is not None:
+                shutil.rmtree(self.snapshot_dir, ignore_errors=True)
+                self.snapshot_dir = None
 
 
 def open_read_only(path: str) -> sqlite3.Connection:
-    """The standard library's sqlite3 on `path`, read-only: it changes nothing in the file.
+    """The standard library's sqlite3 on `path`, read-only: it changes nothing in the file, and
+    creates nothing beside it.
 
-    When no connection has the file open (no `-wal` beside it), it is also opened `immutable`:
-    a read-only open of a WAL-mode file otherwise creates the `-wal` and `-shm` files, which
-    would leave traces next to a file we refuse, or one nobody uses. With a `-wal` present the
-    WAL holds committed data, so the file is read the ordinary way, through it.
+    - no `-wal` beside it (no connection has it open): opened `immutable`. A read-only open of a
+      WAL-mode file otherwise creates the `-wal` and `-shm` files, which would leave traces next
+      to a file we refuse, or one nobody uses;
+    - a `-wal` and its `-shm` (a worker has it open): read the ordinary way, through the WAL,
+      which holds committed data;
+    - a `-wal` without a `-shm` (what a crashed process leaves): SQLite would create the `-shm`
+      to read the WAL, beside a file that may be read-only or not ours, and cannot when the
+      directory is read-only. The two files are copied to a private directory and read there
+      (nothing else has them open: a connection keeps the `-shm` while it lives).
     """
     p = Path(path).expanduser().resolve()
     uri = p.as_uri() + "?mode=ro"
     if not Path(f"{p}-wal").exists():
-        uri += "&immutable=1"
-    return sqlite3.connect(uri, uri=True, timeout=5.0)
+        return sqlite3.connect(uri + "&immutable=1", uri=True, timeout=5.0)
+    if Path(f"{p}-shm").exists():
+        return sqlite3.connect(uri, uri=True, timeout=5.0)
+    directory = tempfile.mkdtemp(prefix="harel-edge-read-")
+    try:
+        copy = Path(directory) / p.name
+        shutil.copyfile(p, copy)
+        shutil.copyfile(f"{p}-wal", f"{copy}-wal")
+        connection = sqlite3.connect(
+            copy.as_uri() + "?mode=ro", uri=True, timeout=5.0, factory=_SnapshotConnection
+        )
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    connection.snapshot_dir = directory
+    return connection
 
 
 def quick_check(path: str) -> str:
     """SQLite's `PRAGMA quick_check` on a local file, read-only: 'ok' or the first problems."""
     connection = open_read_only(path)
     try:
-        rows = connection.execute("PRAGMA quick_check(5)").fetchall()
+        return integrity(_runner(connection))
     finally:
         connection.close()
-    return "; ".join(str(r[0]) for r in rows)
+
+
+# ---- may this user write it -------------------------------------------------------------------
+
+READ_ONLY_FIX = (
+    "make it writable for the user the workers run as (chmod u+w, or chown it to that user), or set "
+    "HAREL_EDGE_DB_PATH to a file in a directory that user may write; status and doctor can still "
+    "read it"
+)
+
+
+def write_problem(path: str) -> str | None:
+    """Why this user could not write the database at `path`, or None when it could.
+
+    SQLite writes the file and creates files beside it (`-wal`, `-shm`; a rollback journal), so
+    the directory must be writable too; a new file needs a directory it may create it in. Decided
+    with `os.access`, which answers for the user the command runs as (root included: a file on a
+    read-only filesystem is refused to root too; mode bits alone are not, as root writes through
+    them, and so does SQLite).
+    """
+    if path == ":memory:":
+        return None
+    p = Path(path).expanduser().absolute()
+    who = f"this user (uid {os.geteuid()})"
+    if p.exists():
+        for file in (p, Path(f"{p}-wal"), Path(f"{p}-shm")):
+            if file.exists() and not os.access(file, os.R_OK | os.W_OK):
+                return f"{file} is read-only for {who}{_read_only_mount(file)}"
+        if not os.access(p.parent, os.W_OK | os.X_OK):
+            return (
+                f"{p.parent} is not writable for {who}{_read_only_mount(p.parent)}, and SQLite creates "
+                f"{p.name}-wal and {p.name}-shm beside the database there"
+            )
+        return None
+    ancestor = p.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"cannot create {p}: {ancestor} is not a directory"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"cannot create {p}: {ancestor} is not writable for {who}{_read_only_mount(ancestor)}"
+    return None
+
+
+def _read_only_mount(path: Path) -> str:
+    try:
+        return " (its filesystem is mounted read-only)" if os.statvfs(path).f_flag & os.ST_RDONLY else ""
+    except OSError:
+        return ""
+
+
+def check_can_write(path: str) -> None:
+    """Refuse, before anything is created, a database this user could not write."""
+    problem = write_problem(path)
+    if problem is not None:
+        raise DatabaseAccessError(f"{problem}: {READ_ONLY_FIX}; nothing was changed")
 
 
 def last_sync_of_replica_file(path: str) -> float | None:

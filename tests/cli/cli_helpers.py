@@ -36,3 +36,39 @@ def run(
     return subprocess.run(
         [COMMAND, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, **kwargs
     )
+
+
+def unprivileged(command: list[str]) -> list[str]:
+    """`command` as a user whom file permissions bind.
+
+    Root's writes ignore permission bits. As root the command runs in a new user namespace with
+    no mapping (`unshare --user`): there root's own files are checked against their owner bits,
+    as anybody's are, so a 0444 file or a 0555 directory really cannot be written.
+    """
+    return ["unshare", "--user", *command] if os.geteuid() == 0 else command
+
+
+def permissions_hold(directory: Path) -> bool:
+    """Whether `unprivileged` really cannot write a read-only file here (no user namespaces, or
+    a filesystem that ignores modes, would make a read-only test pass without meaning)."""
+    probe = directory / "permission-probe"
+    probe.write_bytes(b"")
+    probe.chmod(0o444)
+    try:
+        tried = subprocess.run(
+            unprivileged([sys.executable, "-c", f"open({str(probe)!r}, 'ab')"]), capture_output=True
+        )
+    except OSError:
+        return False
+    finally:
+        probe.unlink()
+    return tried.returncode != 0 and b"PermissionError" in tried.stderr
+
+
+def run_unprivileged(
+    args: list[str], env: dict[str, str], cwd: Path, timeout: float = 60
+) -> subprocess.CompletedProcess:
+    """`run`, as a user whom file permissions bind (see `unprivileged`)."""
+    return subprocess.run(
+        unprivileged([COMMAND, *args]), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )

@@ -8,12 +8,13 @@ with a read-write token before and after.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import sqlite3
 from pathlib import Path
 
 import libsql
 import pytest
-from cli_helpers import env_for, run
+from cli_helpers import env_for, permissions_hold, run, run_unprivileged
 from harel.spec.states import Event
 
 from harel_edge import LibsqlTransport
@@ -117,6 +118,176 @@ def test_a_database_from_a_newer_harel_edge_is_refused_and_left_untouched(tmp_pa
     for args in WRITERS + [["status"]]:
         assert_refused(run(args, env_for({"profile": "local", "db_path": str(path)}), tmp_path), 5, "newer")
     assert fingerprint(path) == before
+
+
+def damage_a_page(path: Path, table: str = "harel_transport_messages") -> None:
+    """Break the free-space list of one table's page, leaving the header and the schema intact:
+    SQLite opens the file and reads its schema, and only an integrity check sees the damage."""
+    reader = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+    ((page_size,),) = reader.execute("PRAGMA page_size").fetchall()
+    ((root,),) = reader.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (table,)).fetchall()
+    reader.close()
+    data = bytearray(path.read_bytes())
+    start = (root - 1) * page_size
+    data[start + 1 : start + 3] = (page_size - 96).to_bytes(2, "big")  # the first freeblock
+    path.write_bytes(bytes(data))
+    checked = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+    problems = checked.execute("PRAGMA quick_check").fetchall()
+    checked.close()
+    assert f"Page {root}: free space corruption" in str(problems), problems
+
+
+@pytest.mark.parametrize("journal", ["wal", "delete"])
+@pytest.mark.parametrize("args", WRITERS + READERS, ids=lambda a: a[0])
+def test_a_database_with_a_damaged_page_is_refused_by_every_command_and_left_byte_for_byte(
+    args, journal, tmp_path
+):
+    path = a_queue(tmp_path / "queue.db")
+    if journal == "delete":  # a file in rollback-journal mode, as another SQLite program leaves it
+        other = sqlite3.connect(path)
+        other.execute("PRAGMA journal_mode=delete")
+        other.close()
+    damage_a_page(path)
+    before = fingerprint(path)
+    assert list(before) == ["queue.db"]
+    result = run(args, env_for({"profile": "local", "db_path": str(path)}), tmp_path, timeout=30)
+    if args[0] == "doctor":
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert "FAIL  database file" in result.stdout and "free space corruption" in result.stdout
+        assert "backup" in result.stdout
+    else:
+        assert_refused(result, 5, "damaged", "free space corruption", "backup", "untouched")
+    assert fingerprint(path) == before  # the same bytes, and no -wal, -shm or -journal beside it
+
+
+# ---- read-only files and directories ----------------------------------------------------------
+# Run as a user whom file permissions bind (as root: in a user namespace, see cli_helpers).
+
+
+@pytest.fixture
+def binding(tmp_path):
+    if not permissions_hold(tmp_path):
+        pytest.skip("cannot run the command as a user whom file permissions bind (no user namespaces)")
+    return tmp_path
+
+
+def read_only(*paths: Path) -> None:
+    for p in paths:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+
+
+def a_queue_left_with_its_wal(path: Path) -> Path:
+    """A queue whose last commit is only in its -wal: the files a crashed worker leaves behind."""
+    source = path.parent.parent / "source" / path.name
+    path.parent.mkdir()
+    transport = LibsqlTransport(str(source))
+    transport.publish("kept", Event(kind="Stored"), priority=1, routing_key="eu")
+    transport.publish("in-the-wal", Event(kind="Stored"), priority=0)
+    for suffix in ("", "-wal"):  # while it is open, as a crash would leave them
+        shutil.copyfile(f"{source}{suffix}", f"{path}{suffix}")
+    transport.close()
+    return path
+
+
+@pytest.mark.parametrize("args", WRITERS, ids=lambda a: a[0])
+def test_a_read_only_database_is_refused_by_the_writers_before_anything_is_created(args, binding):
+    path = a_queue(binding / "queue.db")
+    read_only(path)
+    before = fingerprint(path)
+    result = run_unprivileged(args, env_for({"profile": "local", "db_path": str(path)}), binding)
+    assert_refused(result, 5, "read-only", "chmod", "HAREL_EDGE_DB_PATH", "nothing was changed")
+    assert fingerprint(path) == before
+
+
+@pytest.mark.parametrize("args", WRITERS, ids=lambda a: a[0])
+def test_a_database_in_a_read_only_directory_is_refused_by_the_writers_before_anything_is_created(
+    args, binding
+):
+    path = a_queue(binding / "data" / "queue.db")
+    read_only(path.parent)
+    before = fingerprint(path)
+    result = run_unprivileged(args, env_for({"profile": "local", "db_path": str(path)}), binding)
+    assert_refused(result, 5, f"{path.parent} is not writable", "-wal", "nothing was changed")
+    assert fingerprint(path) == before
+
+
+@pytest.mark.parametrize("where", ["queue.db", "missing/queue.db"], ids=["new file", "new directory"])
+@pytest.mark.parametrize("args", WRITERS, ids=lambda a: a[0])
+def test_a_new_database_in_a_read_only_directory_is_refused_with_what_to_do(args, where, binding):
+    directory = binding / "data"
+    directory.mkdir()
+    read_only(directory)
+    path = directory / where
+    result = run_unprivileged(args, env_for({"profile": "local", "db_path": str(path)}), binding)
+    assert_refused(result, 5, f"cannot create {path}", f"{directory} is not writable", "HAREL_EDGE_DB_PATH")
+    assert sorted(directory.iterdir()) == []
+
+
+@pytest.mark.parametrize("directory_too", [False, True], ids=["file", "file and directory"])
+def test_status_reads_a_read_only_database_and_its_wal_without_creating_files_beside_it(
+    directory_too, binding
+):
+    path = a_queue_left_with_its_wal(binding / "data" / "queue.db")
+    read_only(path, Path(f"{path}-wal"), *([path.parent] if directory_too else []))
+    before = fingerprint(path)
+    assert list(before) == ["queue.db", "queue.db-wal"]
+    result = run_unprivileged(["status", "--json"], env_for({"db_path": str(path)}), binding)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert '"messages": 2' in result.stdout  # the commit only the -wal holds was read
+    assert fingerprint(path) == before
+
+
+@pytest.mark.parametrize("args", WRITERS + [["status"]], ids=lambda a: a[0])
+def test_a_database_this_user_cannot_read_is_refused_with_what_to_do(args, binding):
+    path = a_queue(binding / "queue.db")
+    path.chmod(0o000)
+    before = fingerprint(path)
+    result = run_unprivileged(args, env_for({"db_path": str(path)}), binding)
+    assert_refused(result, 5, f"{path} cannot be read by this user", "chmod", "nothing was changed")
+    assert fingerprint(path) == before
+
+
+@pytest.mark.parametrize("what", ["file", "directory"])
+def test_doctor_reports_a_database_this_user_cannot_write_and_what_to_do(what, binding):
+    path = a_queue(binding / "data" / "queue.db")
+    read_only(path if what == "file" else path.parent)
+    before = fingerprint(path)
+    result = run_unprivileged(["doctor"], env_for({"db_path": str(path)}), binding)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAIL  write access" in result.stdout and "chmod" in result.stdout
+    assert fingerprint(path) == before
+
+
+# ---- settings ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [["status"], ["doctor"], ["publish", "g", "E"]], ids=lambda a: a[0])
+def test_a_token_with_whitespace_inside_it_is_refused_naming_the_variable_and_never_shown(args, tmp_path):
+    path = a_queue(tmp_path / "queue.db")
+    before = fingerprint(path)
+    token = "eyJhbGciOiJFZERTQSJ9.eyJhIjoicncifQ\nsecret-tail"
+    result = run(args, env_for({"db_path": str(path), "auth_token": token}), tmp_path)
+    assert_refused(result, 2, "HAREL_EDGE_AUTH_TOKEN", "whitespace inside it")
+    assert "secret-tail" not in result.stdout + result.stderr
+    assert fingerprint(path) == before
+
+
+def test_a_misspelled_variable_is_warned_about_naming_the_setting_it_resembles(tmp_path):
+    path = a_queue(tmp_path / "queue.db")
+    env = env_for({"db_path": str(path)}, HAREL_EDGE_PROFLE="sqld", HAREL_EDGE_SQLD_BACKEND="binary")
+    result = run(["status"], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "HAREL_EDGE_PROFLE" in line]
+    assert len(warnings) == 1 and "HAREL_EDGE_PROFILE" in warnings[0], result.stderr
+    assert "HAREL_EDGE_SQLD_BACKEND" not in result.stderr  # the test fixtures' own variable is known
+
+
+def test_a_misspelled_variable_in_the_env_file_is_warned_about_too(tmp_path):
+    path = a_queue(tmp_path / "queue.db")
+    (tmp_path / "edge.env").write_text(f"HAREL_EDGE_DB_PATH={path}\nHAREL_EDGE_VISIBILTY=5\n")
+    result = run(["--env-file", "edge.env", "status"], env_for({}), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "HAREL_EDGE_VISIBILTY" in result.stderr and "HAREL_EDGE_VISIBILITY" in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -287,6 +458,17 @@ def test_a_stopped_primary_is_reported_as_unreachable_and_doctor_says_what_to_ch
         and "FAIL  connectivity" in result.stdout
         and "check that it runs" in result.stdout
     )
+
+
+@pytest.mark.parametrize(
+    "args, profile",
+    [p for p in PAIRS if p[0][0] != "worker"],
+    ids=lambda v: v if isinstance(v, str) else v[0],
+)
+def test_a_valid_token_with_a_trailing_newline_is_accepted(args, profile, stored, tmp_path):
+    """As a token file read whole gives it (a secret mounted as a file, a line of a script)."""
+    result = run(args, env_of(profile, stored, tmp_path, auth_token=stored.rw_token + "\n"), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_the_token_never_appears_in_output_or_errors(stored, tmp_path):

@@ -131,3 +131,76 @@ def test_an_explicit_transport_ignores_a_contradicting_environment(monkeypatch, 
     finally:
         t.close()
     assert ExplicitSettings.load().profile == "local"
+
+
+# ---- the token as shells and files give it ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("variable", ["HAREL_EDGE_AUTH_TOKEN", "HAREL_LIBSQL_AUTH_TOKEN"])
+@pytest.mark.parametrize("raw", ["tok.en.sig\n", "tok.en.sig\r\n", "  tok.en.sig\t "], ids=["lf", "crlf", "blanks"])
+def test_a_token_is_read_without_the_whitespace_around_it(monkeypatch, variable, raw):
+    s = load(monkeypatch, HAREL_EDGE_URL="http://127.0.0.1:1", **{variable: raw})
+    assert s.auth_token.get_secret_value() == "tok.en.sig"
+
+
+def test_a_token_from_an_env_file_is_read_without_the_whitespace_around_it(monkeypatch, tmp_path):
+    (tmp_path / ".env").write_text('HAREL_EDGE_URL=http://127.0.0.1:1\nHAREL_EDGE_AUTH_TOKEN="tok.en.sig\n"\n')
+    assert load(monkeypatch).auth_token.get_secret_value() == "tok.en.sig"
+
+
+def test_a_token_of_only_whitespace_counts_as_no_token(monkeypatch):
+    assert load(monkeypatch, HAREL_EDGE_URL="http://127.0.0.1:1", HAREL_EDGE_AUTH_TOKEN=" \n").auth_token is None
+
+
+@pytest.mark.parametrize("inside", ["\n", " ", "\t", "\x7f", "é"], ids=["newline", "space", "tab", "delete", "non-ascii"])
+def test_a_token_with_whitespace_or_an_invisible_character_inside_is_refused_without_echoing_it(monkeypatch, inside):
+    with pytest.raises(ConfigurationError) as caught:
+        load(monkeypatch, HAREL_EDGE_URL="http://127.0.0.1:1", HAREL_EDGE_AUTH_TOKEN=f"s3cr3t{inside}t0ken")
+    message = str(caught.value)
+    assert "HAREL_EDGE_AUTH_TOKEN" in message and "set it to the token alone" in message
+    assert "s3cr3t" not in message and "t0ken" not in message
+
+
+# ---- variables that are no setting ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def warnings_log(caplog, monkeypatch):
+    from harel_edge import settings as settings_module
+
+    monkeypatch.setattr(settings_module, "_warned", set())
+    caplog.set_level("WARNING", logger="harel_edge.settings")
+    return caplog
+
+
+def test_a_misspelled_variable_is_warned_about_once_naming_the_setting_it_resembles(monkeypatch, warnings_log):
+    s = load(monkeypatch, HAREL_EDGE_PROFLE="sqld")
+    EdgeSettings.load()
+    assert s.profile == "local"
+    messages = [r.getMessage() for r in warnings_log.records]
+    assert len(messages) == 1, messages
+    assert "HAREL_EDGE_PROFLE" in messages[0] and "did you mean HAREL_EDGE_PROFILE?" in messages[0]
+
+
+def test_a_variable_like_no_setting_is_warned_about_without_a_guess(monkeypatch, warnings_log):
+    load(monkeypatch, HAREL_EDGE_ZEBRA_CROSSING="1")
+    (message,) = [r.getMessage() for r in warnings_log.records]
+    assert "HAREL_EDGE_ZEBRA_CROSSING is not a harel_edge setting" in message and "did you mean" not in message
+
+
+def test_the_variables_harel_edge_reads_are_not_warned_about(monkeypatch, warnings_log):
+    load(
+        monkeypatch,
+        HAREL_EDGE_VISIBILITY="12",
+        HAREL_EDGE_METRICS_ADDR="0.0.0.0",
+        HAREL_EDGE_SQLD_BACKEND="binary",
+        HAREL_EDGE_KEYS_DIR="/keys",
+        HAREL_LIBSQL_DB="q.db",
+    )
+    assert warnings_log.records == []
+
+
+def test_settings_given_in_code_warn_about_no_variable(monkeypatch, warnings_log):
+    monkeypatch.setenv("HAREL_EDGE_PROFLE", "sqld")
+    ExplicitSettings.load(db_path="q.db")
+    assert warnings_log.records == []
