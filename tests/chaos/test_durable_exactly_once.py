@@ -4,11 +4,14 @@ primary is paused and killed as well; every effect must still have happened exac
 The workload: WORKFLOWS workflows of STEPS steps each; every step is a `ctx.transact` whose
 effect inserts one row into `chaos_effects` (no unique constraint: a second execution would
 show as a second row). Worker processes (spawned, as a libsql connection must not cross a
-fork) run `DurableWorker`s; some kill themselves with SIGKILL inside a step (before the
-effect's write, after it, or a few milliseconds later from a timer, which lands in the
-record, the COMMIT or just after it), and the test kills others from outside at random
-moments. Dead workers are replaced. At the end, every workflow must be finished and every
-(workflow, step) must have exactly one effect row and one record.
+fork, and not daemonic, so that each runs the durable Database's default design: on sqld and
+replica, its connection in a process of its own) run `DurableWorker`s; some kill themselves
+with SIGKILL inside a step (before the effect's write, after it, or a few milliseconds later
+from a timer, which lands in the record, the COMMIT or just after it), and the test kills
+others from outside at random moments. Dead workers are replaced. On sqld and through
+replicas the primary is also paused twice and killed once, each fault checked on the server as
+it is injected. At the end, every workflow must be finished and every (workflow, step) must
+have exactly one effect row and one record.
 
 Each run prints its counts (pytest -s shows them) and the assertion messages carry them too.
 """
@@ -49,21 +52,26 @@ pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 # ---- the worker process ----------------------------------------------------------------------
 
 
-def worker_main(settings: dict, seed: int, kill_rate: float, kills_log: str) -> None:
+def worker_main(settings: dict, seed: int, kill_rate: float, kills_log: str, designs_log: str) -> None:
     """A worker process: run passes until killed."""
     logging.basicConfig(level=logging.ERROR)
     if settings["profile"] == "replica":  # every worker process has an embedded replica of its own
         settings = settings | {
             "db_path": str(Path(settings["db_path"]).with_name(f"replica-{os.getpid()}.db"))
         }
-    asyncio.run(_work(EdgeSettings(**settings), random.Random(seed), kill_rate, kills_log))
+    asyncio.run(_work(EdgeSettings(**settings), random.Random(seed), kill_rate, kills_log, designs_log))
 
 
-async def _work(settings: EdgeSettings, rng: random.Random, kill_rate: float, kills_log: str) -> None:
+async def _work(
+    settings: EdgeSettings, rng: random.Random, kill_rate: float, kills_log: str, designs_log: str
+) -> None:
     from harel_edge.durable import LibsqlCheckpointer, LibsqlDurable, LibsqlScheduler, connect
+    from harel_edge.durable.database import RemoteConnection
     from harel_edge.durable.runtime import DurableWorker
 
     database = connect(settings)
+    with open(designs_log, "a") as log:  # where this worker's connection lives
+        log.write(("process" if isinstance(database.connection, RemoteConnection) else "thread") + "\n")
     durable = LibsqlDurable(
         LibsqlCheckpointer(database),
         LibsqlScheduler(database, namespace=NAMESPACE, lease=LEASE, poll=timedelta(milliseconds=50)),
@@ -115,7 +123,9 @@ class Tally:
     other_exits: list = field(default_factory=list)
     primary_pauses: int = 0
     primary_kills: int = 0
+    primary_seen: list = field(default_factory=list)  # the server as each fault left it
     kill_points: dict = field(default_factory=dict)
+    designs: dict = field(default_factory=dict)
 
 
 def _read(settings: EdgeSettings, sql: str) -> list[tuple]:
@@ -168,6 +178,7 @@ def run_chaos(
     rng = random.Random(20311)
     context = multiprocessing.get_context("spawn")
     kills_log = str(tmp_path / "kills.log")
+    designs_log = str(tmp_path / "designs.log")
     payload = settings.model_dump() | {
         "auth_token": settings.auth_token.get_secret_value() if settings.auth_token else None
     }
@@ -176,7 +187,9 @@ def run_chaos(
 
     def spawn(slot: int) -> None:
         process = context.Process(
-            target=worker_main, args=(payload, rng.randrange(2**32), kill_rate, kills_log), daemon=True
+            target=worker_main,
+            args=(payload, rng.randrange(2**32), kill_rate, kills_log, designs_log),
+            daemon=False,  # a daemonic process may not start children: it would keep the thread design
         )
         process.start()
         workers[slot] = process
@@ -221,13 +234,17 @@ def run_chaos(
                 fault = faults_on_primary.pop(0)
                 if fault == "pause":
                     primary.pause()
+                    tally.primary_seen.append(_seen(primary))
                     time.sleep(rng.uniform(1.0, 3.0))  # the fault's duration
                     primary.resume()
+                    primary.wait_ready(30)
                     tally.primary_pauses += 1
                 else:
                     primary.kill()
+                    tally.primary_seen.append(_seen(primary))
                     primary.restart()
                     tally.primary_kills += 1
+                tally.primary_seen.append(_seen(primary))
             time.sleep(0.1)  # the supervisor's own pace
     finally:
         for process in workers.values():
@@ -237,6 +254,8 @@ def run_chaos(
 
     points = Path(kills_log).read_text().splitlines() if Path(kills_log).exists() else []
     tally.kill_points = {point: points.count(point) for point in sorted(set(points))}
+    designs = Path(designs_log).read_text().splitlines() if Path(designs_log).exists() else []
+    tally.designs = {design: designs.count(design) for design in sorted(set(designs))}
     effects = _read(settings, "SELECT workflow, step, count(*) FROM chaos_effects GROUP BY workflow, step")
     records = {
         (workflow, step)
@@ -260,8 +279,10 @@ def run_chaos(
         "workers killed from outside": tally.killed_by_test,
         "workers exited otherwise": tally.other_exits,
         "kill points scheduled": tally.kill_points,
+        "worker designs": tally.designs,
         "primary paused": tally.primary_pauses,
         "primary killed and restarted": tally.primary_kills,
+        "primary as each fault left it": tally.primary_seen,
         "seconds": round(time.monotonic() - began, 1),
     }
     print("\nchaos summary:", json.dumps(summary, indent=1, default=str))
@@ -294,11 +315,46 @@ def tally_faults(tally: Tally) -> int:
     return tally.primary_pauses + tally.primary_kills
 
 
+def _seen(primary) -> str:  # noqa: ANN001
+    """The server's state as its handle records it, and whether it answers /health.
+
+    A paused or killed server must go quiet. A stop is not instant: a busy sqld may answer a
+    request or two before SIGSTOP halts all of its threads, so it is given 10 s to stop answering.
+    """
+    if primary.state == "running":
+        return f"running, {'answering' if primary.healthy(timeout=5.0) else 'not answering'}"
+    deadline = time.monotonic() + 10.0
+    while primary.healthy(timeout=0.5):
+        if time.monotonic() > deadline:
+            return f"{primary.state}, still answering"
+    return f"{primary.state}, not answering"
+
+
+# A pause, a kill and its restart, a pause: each seen on the server as it happened.
+PRIMARY_FAULTS_SEEN = [
+    "paused, not answering",
+    "running, answering",
+    "killed, not answering",
+    "running, answering",
+    "paused, not answering",
+    "running, answering",
+]
+
+
 def _assert_exactly_once(summary: dict) -> None:
     assert summary["effects exactly once"] == summary["steps"], summary
     assert not summary["effects missing"] and not summary["effects doubled"], summary
     assert not summary["effects without a record"] and not summary["records without an effect"], summary
     assert summary["workers killed inside transact (by themselves)"] >= 10, summary  # the faults happened
+    # Every worker ran the design its profile gets by default: a thread on a local file, a
+    # worker process for the connection on sqld and replica.
+    default = "thread" if summary["profile"] == "local" else "process"
+    assert set(summary["worker designs"]) == {default}, summary
+
+
+def _assert_primary_faults(summary: dict) -> None:
+    assert summary["primary paused"] == 2 and summary["primary killed and restarted"] == 1, summary
+    assert summary["primary as each fault left it"] == PRIMARY_FAULTS_SEEN, summary
 
 
 def test_every_effect_happens_exactly_once_when_workers_are_killed_inside_transact_on_a_local_file(
@@ -319,7 +375,7 @@ def test_every_effect_happens_exactly_once_on_sqld_with_workers_killed_and_the_p
         # holding sqld's write lock until sqld aborts it (5 s), and every writer waits meanwhile.
         summary = run_chaos(settings, tmp_path, kill_rate=0.03, outside_kills=(2.0, 4.0), primary=server)
         _assert_exactly_once(summary)
-        assert summary["primary paused"] == 2 and summary["primary killed and restarted"] == 1, summary
+        _assert_primary_faults(summary)
     finally:
         server.close()
 
@@ -338,5 +394,6 @@ def test_every_effect_happens_exactly_once_through_embedded_replicas_with_worker
         )
         summary = run_chaos(settings, tmp_path, kill_rate=0.03, outside_kills=(2.0, 4.0), primary=server)
         _assert_exactly_once(summary)
+        _assert_primary_faults(summary)
     finally:
         server.close()
