@@ -45,6 +45,7 @@ from pydantic_core import from_json
 from harel_edge import observability, retry, schema
 from harel_edge.connection import EdgeConnection
 from harel_edge.errors import SchemaError, SchemaTooNewError
+from harel_edge.ids import refuse_nul
 from harel_edge.schema import DB_NOW, PARKED, EdgeNames
 from harel_edge.settings import EdgeSettings, ExplicitSettings
 
@@ -376,6 +377,8 @@ def _row(item: Message | tuple) -> tuple:
         raise ValueError(f"priority must be a whole number from 0 to {MAX_PRIORITY}, got {priority!r}")
     if not isinstance(message.group_id, str) or not message.group_id:
         raise ValueError(f"group_id must be a non-empty string, got {message.group_id!r}")
+    refuse_nul(message.group_id, "group_id")
+    refuse_nul(message.routing_key, "routing_key")
     if not isinstance(message.event, Event):
         raise TypeError(f"event must be a harel Event, got {type(message.event).__name__}")
     return (message.group_id, message.event.model_dump_json(), priority, message.routing_key)

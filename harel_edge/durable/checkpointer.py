@@ -16,19 +16,20 @@ Deadlines (budget, liveness) are computed by the database's clock (`schema.DB_NO
 inside the statement): on sqld and replica that is the primary's clock, one clock for every
 worker. Pass `now=` to use another clock (tests drive time this way on the local profile).
 
-Workflow ids are bound as parameters and never parsed: any string is an id.
+Workflow ids and keys are bound as parameters and never parsed: any string is an id, except
+one holding a NUL, which the driver would read back cut short and which is refused.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from harel_edge.connection import EdgeConnection
-from harel_edge.durable.database import Database
+from harel_edge.durable.database import Database, execute_many
 from harel_edge.durable.types import (
     INBOX,
     JSON,
@@ -41,6 +42,7 @@ from harel_edge.durable.types import (
     from_seconds,
     to_seconds,
 )
+from harel_edge.ids import refuse_nul
 from harel_edge.procpool import execute
 from harel_edge.schema import DB_NOW
 
@@ -145,8 +147,9 @@ class Transaction:
         """Run one statement in the transaction; its rows (RETURNING rows too)."""
         return self._connection.execute(sql, params)
 
-    def executemany(self, sql: str, rows: list[tuple]) -> None:
-        self._connection.executemany(sql, rows)
+    def executemany(self, sql: str, rows: Iterable[tuple | list]) -> None:
+        """Run one statement once per row of parameters, inside the transaction like `execute`."""
+        execute_many(self._connection, sql, rows)
 
 
 LibsqlEffect = Callable[[Transaction], object]
@@ -183,11 +186,13 @@ class LibsqlCheckpointer:
         On a replica this syncs first: a pass must see what earlier passes recorded, wherever
         they ran.
         """
+        refuse_nul(workflow, "workflow id")
         rows = await self.database.call("durable.load", _read_synced, _LOAD, (workflow,), any_connection=True)
         return {step: self.codec.decode(value) for step, value in rows}
 
     async def history(self, workflow: str) -> dict[str, Written]:
         """The same records as `load`, each with when it was written (by the writer's clock)."""
+        refuse_nul(workflow, "workflow id")
         rows = await self.database.call(
             "durable.history", _read_synced, _HISTORY, (workflow,), any_connection=True
         )
@@ -204,6 +209,7 @@ class LibsqlCheckpointer:
         `budget` is the most the claim can last; `alive` how long it lasts without a sign of
         life (`renew`, `record`, `transact`). It can be taken over once it is not alive.
         """
+        refuse_nul(workflow, "workflow id")
         budget_s, alive_s = _positive(budget, "budget"), _positive(alive, "alive")
         rows = await self.database.call(
             "durable.claim", execute, _CLAIM, (workflow, budget_s, alive_s, self._at()), any_connection=True
@@ -259,6 +265,7 @@ class LibsqlCheckpointer:
         Raises `FencedError` when the pass was superseded. The first write of a key wins: a
         second one leaves the row alone and returns the stored value with `fresh=False`.
         """
+        refuse_nul(key, "step name")
         text = self.codec.encode(value)
         rows = await self.database.call(
             "durable.record",
@@ -295,7 +302,7 @@ class LibsqlCheckpointer:
         claim waiting for the lock, so a long effect does not lose the claim by itself. Keep
         effects short anyway (sqld aborts a transaction after 5 s when another writer waits).
         """
-
+        refuse_nul(key, "step name")
         stored = await self.database.call(
             "durable.transact",
             _transact,
@@ -315,6 +322,8 @@ class LibsqlCheckpointer:
         The first value for a key wins; the stored one is returned, so supplying twice (a
         retried webhook, say) is harmless.
         """
+        refuse_nul(workflow, "workflow id")
+        refuse_nul(key, "key")
         text = self.codec.encode(value)
         rows = await self.database.call(
             "durable.supply", execute, ARRIVE, (workflow, key, text, None, self._at()), any_connection=True
@@ -340,6 +349,7 @@ class LibsqlCheckpointer:
         happened. Returns how many records there were. A released claim row carrying the
         raised number stays behind; nothing sweeps it.
         """
+        refuse_nul(workflow, "workflow id")
         rows = await self.database.call(
             "durable.discard", execute, DISCARD, (workflow, None, self._at()), any_connection=True
         )

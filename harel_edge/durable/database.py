@@ -38,7 +38,7 @@ import logging
 import multiprocessing
 import os
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -48,7 +48,7 @@ from harel_edge.connection import connect as open_connection
 from harel_edge.durable.types import DatabaseClosedError
 from harel_edge.procpool import PoolClosedError, ProcessPool, WorkerProcessError, execute
 from harel_edge.procpool import open_connection as open_in_worker
-from harel_edge.settings import EdgeSettings
+from harel_edge.settings import EdgeSettings, ExplicitSettings
 
 T = TypeVar("T")
 
@@ -279,8 +279,9 @@ class RemoteConnection:
     def execute(self, sql: str, params: tuple | list = ()) -> list[tuple]:
         return self.ask(execute, sql, params)
 
-    def executemany(self, sql: str, rows: list[tuple]) -> None:
-        self.ask(_executemany, sql, rows)
+    def executemany(self, sql: str, rows: Iterable[tuple | list]) -> None:
+        """All the rows in one request to the worker, each one statement there."""
+        self.ask(execute_many, sql, [tuple(row) for row in rows])
 
     def sync(self) -> None:
         self.ask(_sync)
@@ -337,8 +338,13 @@ def _pinned(
     return os.getpid(), work(connection, *args)
 
 
-def _executemany(connection: EdgeConnection, sql: str, rows: list[tuple]) -> None:
-    connection.executemany(sql, rows)
+def execute_many(
+    connection: EdgeConnection | RemoteConnection, sql: str, rows: Iterable[tuple | list]
+) -> None:
+    """`executemany` for connections that have only `execute` (EdgeConnection does not wrap the
+    driver's): one statement per row, committed with the caller's transaction if one is open."""
+    for row in rows:
+        connection.execute(sql, row)
 
 
 def _sync(connection: EdgeConnection) -> None:
@@ -390,7 +396,7 @@ def _migrate(connection: EdgeConnection, prefix: str) -> int:
     return schema.migrate(connection.execute, prefix)
 
 
-def connect(settings: EdgeSettings | None = None, **overrides: Any) -> Database:
+def connect(settings: EdgeSettings | str | os.PathLike[str] | None = None, **overrides: Any) -> Database:
     """Open the Database the durable stores run on, for the profile the settings name.
 
     The connection comes from `harel_edge.connection`, so the stores and the transport agree
@@ -410,9 +416,12 @@ def connect(settings: EdgeSettings | None = None, **overrides: Any) -> Database:
     which multiprocessing does not let start children. A worker process is spawned, so a program that uses
     this needs the usual `if __name__ == "__main__":` guard around its start.
 
-    `connect()` reads the environment; keywords override single settings.
+    `connect()` reads the environment; keywords override single settings. `connect(path)` (a str
+    or a Path) is the local profile on that file, and reads nothing from the environment.
     """
-    if settings is None:
+    if isinstance(settings, str | os.PathLike):
+        settings = ExplicitSettings.load(profile="local", db_path=os.fspath(settings), **overrides)
+    elif settings is None:
         settings = EdgeSettings.load(**overrides)
     elif overrides:
         settings = settings.model_copy(update=overrides)

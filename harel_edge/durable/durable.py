@@ -17,6 +17,7 @@ from harel_edge.durable.database import Database
 from harel_edge.durable.scheduler import LibsqlScheduler
 from harel_edge.durable.types import Entry
 from harel_edge.errors import HarelEdgeError
+from harel_edge.ids import refuse_nul
 from harel_edge.procpool import execute
 
 
@@ -53,6 +54,8 @@ class LibsqlDurable:
         The first value for a key wins; the stored one is returned, so a retried arrival is
         harmless (it only asks for one more pass).
         """
+        refuse_nul(workflow, "workflow id")
+        refuse_nul(key, "key")
         text = self.checkpointer.codec.encode(value)
         rows = await self.database.call(
             "durable.arrive",
@@ -81,6 +84,7 @@ class LibsqlDurable:
         start from nothing), nor one in which the fence is raised for a deletion that did not
         happen. Returns how many records there were.
         """
+        refuse_nul(workflow, "workflow id")
         rows = await self.database.call(
             "durable.delete",
             execute,

@@ -41,6 +41,7 @@ from typing import Any
 from harel_edge.durable.checkpointer import LibsqlEffect
 from harel_edge.durable.durable import LibsqlDurable
 from harel_edge.durable.types import INBOX, Delivery, FencedError, Pass, from_seconds, now_utc, to_seconds
+from harel_edge.ids import refuse_nul
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,7 @@ class Context:
         """The message filed under `key` (by `arrive`/`supply`), or with no key the next inbox
         entry (by `deliver`/`append`, in the order they were sent); if it is not there yet,
         the pass ends and the arrival starts the next one."""
+        refuse_nul(key, "message key")
         if key is not None:
             if key not in self._records:
                 await self._reload()
@@ -212,6 +214,7 @@ class Context:
 
 
 def _check_name(name: str) -> None:
+    refuse_nul(name, "step name")
     if not name or name.startswith(_RESERVED):
         raise ValueError(
             f"step name {name!r} is empty or reserved: names starting with {_RESERVED} are the runtime's"
@@ -264,7 +267,17 @@ async def _keep(
                 ctx.lost = True
                 return
             if delivery[0] is not None:
-                delivery[0] = await durable.scheduler.extend(delivery[0], lease)
+                extending = asyncio.ensure_future(durable.scheduler.extend(delivery[0], lease))
+                try:
+                    delivery[0] = await asyncio.shield(extending)
+                except asyncio.CancelledError:
+                    # The pass ended mid-extend. The write lands anyway, and the pass's wake_at
+                    # or done must carry the receipt it wrote: wait for it, then stop.
+                    try:
+                        delivery[0] = await extending
+                    except Exception:  # noqa: BLE001 - then the receipt held is the last known
+                        log.warning("extending workflow %r failed", holder.workflow, exc_info=True)
+                    raise
         except Exception:  # noqa: BLE001 - a failed renewal is retried; fencing keeps writes safe
             log.warning("renewing workflow %r failed; retrying", holder.workflow, exc_info=True)
 

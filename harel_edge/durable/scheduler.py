@@ -5,12 +5,15 @@ past), sleeping (a time in the future), and out with a worker (a lease ahead of 
 worker took it). So waking sleepers and taking back abandoned work need no sweeper: a row
 whose time has come is simply visible again.
 
-The visibility a worker's take wrote is also its receipt (`Delivery.receipt`): every later
-write made with that delivery (`wake_at`, `extend`, `done`) applies only if the row still
-carries it. Anything that touched the workflow meanwhile (a message making it ready, another
-worker taking over an overrun lease, a cancel) wrote a different visibility or removed the row,
-and the stale delivery then changes nothing, which is always the right answer: the newer write
-says more about the workflow than the older pass did.
+The visibility a worker's take wrote, together with the row's generation (a count bumped by
+every take, `make_ready` and `schedule`), is its receipt (`Delivery.receipt`,
+`Delivery.generation`): every later write made with that delivery (`wake_at`, `extend`,
+`done`) applies only if the row still carries both. Anything that touched the workflow
+meanwhile (a message making it ready, another worker taking over an overrun lease, a cancel)
+wrote a different visibility or generation or removed the row, and the stale delivery then
+changes nothing, which is always the right answer: the newer write says more about the
+workflow than the older pass did. Two takes within one tick of the clock write the same
+visibility, never the same generation.
 
 Every operation is one statement; times come from the database's clock unless `now=` is given.
 """
@@ -22,55 +25,78 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from harel_edge.durable.database import Database, migrate
 from harel_edge.durable.types import LEASE, POLL, Delivery, to_seconds
+from harel_edge.ids import refuse_nul
 from harel_edge.procpool import execute
 from harel_edge.schema import DB_NOW
 
 _NOW = "(SELECT COALESCE(?{n}, " + DB_NOW + ") AS now) AS t"
 
-# A take's visibility gets a random fraction of a millisecond (in steps of 2**-22 s, the
-# resolution of a double near today's unix time) because the database clock ticks in whole
-# milliseconds: two takes of one workflow within one tick would otherwise write the same
-# receipt, and the older delivery would pass for the newer.
-_JITTER = "(abs(random()) % 4096) * 2.384185791015625e-07"
+# The next generation of a row. A new row holds 0; its first bump starts the count at a random
+# number from 1 to 2**52, so a delivery from before the row was deleted and made again does not
+# match the new row merely because both counts started at 1. Below 2**53 because the libsql
+# driver binds a Python int past 32 bits as a REAL, which is exact only up to there.
+_BUMP = "CASE generation WHEN 0 THEN (random() & 4503599627370495) + 1 ELSE generation + 1 END"
 
+# A wakeup bumps the generation even when it leaves the visibility as it was (already due, or
+# asked for later than a worker's lease ends), so the pass out with a worker never drops it.
 _MAKE_READY = f"""
 INSERT INTO workflow_queue (namespace, workflow, visible_at) VALUES (?1, ?2, COALESCE(?3, {DB_NOW}))
-ON CONFLICT (namespace, workflow) DO UPDATE SET visible_at = MIN(visible_at, excluded.visible_at)
+ON CONFLICT (namespace, workflow) DO UPDATE SET
+    visible_at = MIN(visible_at, excluded.visible_at), generation = {_BUMP}
 """
 
-_SCHEDULE = """
+_SCHEDULE = f"""
 INSERT INTO workflow_queue (namespace, workflow, visible_at) VALUES (?1, ?2, ?3)
-ON CONFLICT (namespace, workflow) DO UPDATE SET visible_at = excluded.visible_at
+ON CONFLICT (namespace, workflow) DO UPDATE SET visible_at = excluded.visible_at, generation = {_BUMP}
 """
 
 _TAKE = f"""
-UPDATE workflow_queue SET visible_at = t.now + ?2 + {_JITTER}
+UPDATE workflow_queue SET visible_at = t.now + ?2, generation = {_BUMP}
 FROM {_NOW.format(n=3)}
 WHERE namespace = ?1 AND workflow = (
     SELECT workflow FROM workflow_queue WHERE namespace = ?1 AND visible_at <= t.now
     ORDER BY visible_at LIMIT 1)
-RETURNING workflow, visible_at
+RETURNING workflow, visible_at, generation
 """
 
 # How long until the earliest row becomes visible, by the same clock the take uses.
 _UNTIL_NEXT = f"SELECT MIN(visible_at) - t.now FROM workflow_queue, {_NOW.format(n=2)} WHERE namespace = ?1"
 
-_WAKE_AT = (
-    "UPDATE workflow_queue SET visible_at = ?4 WHERE namespace = ?1 AND workflow = ?2 AND visible_at = ?3"
-)
+# The receipt: the visibility and the generation the delivery was given, both still the row's.
+_HELD = "namespace = ?1 AND workflow = ?2 AND visible_at = ?3 AND generation = ?4"
+
+_WAKE_AT = f"UPDATE workflow_queue SET visible_at = ?5 WHERE {_HELD}"
 
 _EXTEND = f"""
-UPDATE workflow_queue SET visible_at = t.now + ?4 + {_JITTER}
-FROM {_NOW.format(n=5)}
-WHERE namespace = ?1 AND workflow = ?2 AND visible_at = ?3
+UPDATE workflow_queue SET visible_at = t.now + ?5
+FROM {_NOW.format(n=6)}
+WHERE {_HELD}
 RETURNING visible_at
 """
 
-_DONE = "DELETE FROM workflow_queue WHERE namespace = ?1 AND workflow = ?2 AND visible_at = ?3"
+_DONE = f"DELETE FROM workflow_queue WHERE {_HELD}"
 _CANCEL = "DELETE FROM workflow_queue WHERE namespace = ?1 AND workflow = ?2"
+
+# What schema.durable_tables() does not create yet: the column every statement above needs.
+GENERATION_DDL = "ALTER TABLE workflow_queue ADD COLUMN generation INTEGER NOT NULL DEFAULT 0"
+
+
+def add_queue_generation(connection) -> None:  # noqa: ANN001 - an EdgeConnection
+    """Add `workflow_queue.generation` to a file whose schema lacks it, before the first statement
+    that names it; idempotent, and losing a race to add it is no error. Goes once the schema has it."""
+    columns = connection.execute("SELECT name FROM pragma_table_info('workflow_queue')")
+    if any(name == "generation" for (name,) in columns):
+        return
+    try:
+        connection.execute(GENERATION_DDL)
+    except Exception as exc:  # noqa: BLE001 - re-raised unless another process added it first
+        if "duplicate column" not in str(exc).lower():
+            raise
+    connection.sync()  # a replica prepares statements against its own copy of the schema
 
 
 @dataclass(eq=False)
@@ -91,8 +117,10 @@ class LibsqlScheduler:
     lease_seconds: float = field(init=False, repr=False)
     poll_seconds: float = field(init=False, repr=False)
     _ready: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+    _has_generation: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        refuse_nul(self.namespace, "namespace")
         self.lease_seconds = self.lease.total_seconds()
         self.poll_seconds = self.poll.total_seconds()
         if self.lease_seconds <= 0 or self.poll_seconds <= 0:
@@ -108,6 +136,17 @@ class LibsqlScheduler:
     async def prepare(self) -> None:
         """Create the tables (every worker does this at start; all but the first find them)."""
         await migrate(self.database)
+        await self._ensure_generation()
+
+    async def _ensure_generation(self) -> None:
+        if not self._has_generation:
+            await self.database.call("durable.queue_generation", add_queue_generation, any_connection=True)
+            self._has_generation = True
+
+    async def _call(self, operation: str, work: Callable[..., Any], *args: Any) -> Any:
+        """One operation of this scheduler: its statements need the generation column."""
+        await self._ensure_generation()
+        return await self.database.call(operation, work, *args, any_connection=True)
 
     async def make_ready(self, workflow: str, when: datetime | None = None) -> None:
         """Ask for a pass of the workflow now (or no later than `when`).
@@ -116,18 +155,16 @@ class LibsqlScheduler:
         sleeps again if its deadline has not come), and changes the receipt of one out with a
         worker, so that worker's `done` leaves the row and another pass follows.
         """
+        refuse_nul(workflow, "workflow id")
         at = self._at() if when is None else to_seconds(when)
-        await self.database.call(
-            "durable.make_ready", execute, _MAKE_READY, (self.namespace, workflow, at), any_connection=True
-        )
+        await self._call("durable.make_ready", execute, _MAKE_READY, (self.namespace, workflow, at))
         self.notify()
 
     async def schedule(self, workflow: str, visible_at: datetime) -> None:
         """Make the workflow visible at `visible_at`, whatever its row said before."""
+        refuse_nul(workflow, "workflow id")
         at = to_seconds(visible_at)
-        await self.database.call(
-            "durable.schedule", execute, _SCHEDULE, (self.namespace, workflow, at), any_connection=True
-        )
+        await self._call("durable.schedule", execute, _SCHEDULE, (self.namespace, workflow, at))
         self.notify()
 
     async def wake_at(self, delivery: Delivery, when: datetime) -> None:
@@ -138,13 +175,7 @@ class LibsqlScheduler:
         again (the deadline lives in the workflow's records), so nothing is lost by skipping.
         """
         at = to_seconds(when)
-        await self.database.call(
-            "durable.wake_at",
-            execute,
-            _WAKE_AT,
-            (self.namespace, delivery.workflow, delivery.receipt, at),
-            any_connection=True,
-        )
+        await self._call("durable.wake_at", execute, _WAKE_AT, (*self._receipt(delivery), at))
 
     async def wake_due(self, now: datetime) -> tuple[str, ...]:
         """Nothing to do: a sleeping workflow becomes visible by itself when its time comes."""
@@ -164,13 +195,8 @@ class LibsqlScheduler:
         deadline = time.monotonic() + within.total_seconds()
         while True:
             self._ready.clear()  # before looking, so a signal during the look is not lost
-            delivery, until_next = await self.database.call(
-                "durable.next_ready",
-                _take,
-                self.namespace,
-                self.lease_seconds,
-                self._at(),
-                any_connection=True,
+            delivery, until_next = await self._call(
+                "durable.next_ready", _take, self.namespace, self.lease_seconds, self._at()
             )
             if delivery is not None:
                 return delivery
@@ -189,18 +215,15 @@ class LibsqlScheduler:
         """Keep the workflow invisible for `within` more; returns the delivery to use from now on.
 
         The new visibility is the new receipt, so the caller must continue with the returned
-        delivery. If the row no longer carries this receipt (cancelled, or rescheduled by a
-        wakeup during the pass) nothing changes and the delivery passed in is returned.
+        delivery (and keep it even if it stops waiting: the write lands anyway). If the row no
+        longer carries this receipt (cancelled, or rescheduled by a wakeup during the pass)
+        nothing changes and the delivery passed in is returned.
         """
         seconds = within.total_seconds()
-        rows = await self.database.call(
-            "durable.extend_delivery",
-            execute,
-            _EXTEND,
-            (self.namespace, delivery.workflow, delivery.receipt, seconds, self._at()),
-            any_connection=True,
+        rows = await self._call(
+            "durable.extend_delivery", execute, _EXTEND, (*self._receipt(delivery), seconds, self._at())
         )
-        return Delivery(delivery.workflow, rows[0][0]) if rows else delivery
+        return Delivery(delivery.workflow, rows[0][0], delivery.generation) if rows else delivery
 
     async def cancel(self, workflow: str) -> None:
         """Drop the workflow's row, whether queued, sleeping or out with a worker.
@@ -208,19 +231,15 @@ class LibsqlScheduler:
         A pass still running then finds nothing to update: its `wake_at` and `done` carry a
         receipt no row has, so a cancelled workflow is not put back to sleep.
         """
-        await self.database.call(
-            "durable.cancel", execute, _CANCEL, (self.namespace, workflow), any_connection=True
-        )
+        refuse_nul(workflow, "workflow id")
+        await self._call("durable.cancel", execute, _CANCEL, (self.namespace, workflow))
 
     async def done(self, delivery: Delivery) -> None:
         """Drop the workflow, unless something asked for another pass while this one ran."""
-        await self.database.call(
-            "durable.done",
-            execute,
-            _DONE,
-            (self.namespace, delivery.workflow, delivery.receipt),
-            any_connection=True,
-        )
+        await self._call("durable.done", execute, _DONE, self._receipt(delivery))
+
+    def _receipt(self, delivery: Delivery) -> tuple:
+        return (self.namespace, delivery.workflow, delivery.receipt, delivery.generation)
 
 
 def _take(  # noqa: ANN001 - connection: an EdgeConnection
@@ -230,6 +249,6 @@ def _take(  # noqa: ANN001 - connection: an EdgeConnection
     function, so that on sqld and replica it runs whole next to the connection, in one request."""
     rows = connection.execute(_TAKE, (namespace, lease_seconds, at))
     if rows:
-        return Delivery(rows[0][0], rows[0][1]), None
+        return Delivery(rows[0][0], rows[0][1], rows[0][2]), None
     rows = connection.execute(_UNTIL_NEXT, (namespace, at))
     return None, (rows[0][0] if rows else None)

@@ -70,13 +70,15 @@ class Pass:
 class Delivery:
     """One workflow handed to one worker by the scheduler.
 
-    `receipt` is the visibility the worker's take wrote (unix seconds, as stored). The queue
-    row keeps it only as long as nobody else touched the workflow, so every later write made
-    with this delivery (`wake_at`, `extend`, `done`) applies only if the row still carries it.
+    `receipt` is the visibility the worker's take (or its last `extend`) wrote, in unix seconds
+    as stored; `generation` is the row's count of takes and wakeups at the take, which no later
+    take repeats. Every later write made with this delivery (`wake_at`, `extend`, `done`)
+    applies only while the row still carries both, that is while nobody else touched it.
     """
 
     workflow: str
     receipt: float
+    generation: int
 
     @property
     def visible_at(self) -> datetime:

@@ -276,6 +276,23 @@ async def a_transact_is_a_sign_of_life_measured_when_it_ends(s: Stores) -> None:
     assert await s.checkpointer.claim(wf, BUDGET, ALIVE) is None
 
 
+async def executemany_in_a_transact_effect_commits_every_row_with_the_step_or_none(s: Stores) -> None:
+    wf = s.workflow()
+    holder = await s.checkpointer.claim(wf, BUDGET, ALIVE)
+    insert = "INSERT INTO durable_effects (workflow, step) VALUES (?, ?)"
+
+    def failing(tx):  # noqa: ANN001
+        tx.executemany(insert, [(wf, "lost-1"), (wf, "lost-2")])
+        raise RuntimeError("card declined")
+
+    with pytest.raises(RuntimeError, match="card declined"):
+        await s.checkpointer.transact(holder, "batch", failing)
+    assert await s.effects(wf) == []
+    await s.checkpointer.transact(holder, "batch", lambda tx: tx.executemany(insert, [(wf, "a"), (wf, "b")]))
+    assert await s.effects(wf) == [("a",), ("b",)]
+    assert await s.checkpointer.load(wf) == {"batch": None}
+
+
 async def supplied_values_and_inbox_entries_need_no_claim_and_the_first_wins(s: Stores) -> None:
     wf = s.workflow()
     assert await s.checkpointer.supply(wf, "approval", "yes") == "yes"
@@ -353,6 +370,23 @@ async def extend_renames_the_delivery_and_the_old_receipt_goes_stale(s: Stores) 
     await s.scheduler.done(delivery)  # the old name changes nothing
     assert await s.queue_row(wf) is not None
     await s.scheduler.done(extended)
+    assert await s.queue_row(wf) is None
+
+
+async def takes_within_one_tick_never_share_a_receipt_so_a_stale_delivery_changes_nothing(s: Stores) -> None:
+    # The clock stands still, so every take falls in one tick. Were receipts drawn from 4,096
+    # values (a random sub-millisecond jitter), 400 of them all distinct would be a 1 in 10^8 chance.
+    wf = s.workflow()
+    deliveries = []
+    for _ in range(400):
+        await s.scheduler.make_ready(wf)  # a wakeup during the pass: the next take supersedes it
+        deliveries.append(await s.scheduler.next_ready(NOW))
+    assert len(set(deliveries)) == len(deliveries)
+    stale, current = deliveries[-2], deliveries[-1]
+    await s.scheduler.wake_at(stale, s.clock.current + HOUR)
+    await s.scheduler.done(stale)
+    assert await s.queue_row(wf) == current.receipt
+    await s.scheduler.done(current)
     assert await s.queue_row(wf) is None
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections import Counter
 from datetime import timedelta
 
 import pytest
-from behaviours import Stores, insert_effect, open_stores
+from behaviours import LEASE, Stores, insert_effect, open_stores
 
+from harel_edge.durable import Delivery, LibsqlDurable, LibsqlScheduler
 from harel_edge.durable.runtime import (
     RESULT,
     Busy,
@@ -235,5 +237,64 @@ def test_step_names_the_runtime_uses_itself_are_refused(run) -> None:  # noqa: A
         assert ran == []
         assert await s.checkpointer.load(wf) == {}
         assert await s.checkpointer.claim(wf, timedelta(minutes=1), timedelta(seconds=1)) is not None
+
+    run(scenario)
+
+
+def test_a_pass_ending_while_its_delivery_is_extended_keeps_the_new_receipt_and_sleeps(run, tmp_path) -> None:  # noqa: ANN001
+    """The extend's write lands whatever happens to its caller, so the pass's wake_at must carry
+    the receipt it wrote. The file is held locked from the moment the extend starts until the
+    pass ends, so its write cannot finish before the keeper is cancelled."""
+    blocker = sqlite3.connect(tmp_path / "durable.db", isolation_level=None)
+    extending = asyncio.Event()
+
+    async def scenario(s: Stores) -> None:
+        wf = s.workflow()
+        deadline = s.clock.current + timedelta(hours=1)
+
+        class HeldExtend(LibsqlScheduler):
+            async def extend(self, delivery: Delivery, within: timedelta) -> Delivery:
+                s.clock.advance(seconds=1)  # so the extension writes a visibility the take did not
+                blocker.execute("BEGIN IMMEDIATE")
+                extending.set()
+                return await super().extend(delivery, within)
+
+        scheduler = HeldExtend(s.database, namespace=s.scheduler.namespace, lease=LEASE, now=s.clock)
+        durable = LibsqlDurable(s.checkpointer, scheduler)
+        passes: list[int] = []
+
+        async def flow(ctx: Context) -> None:
+            passes.append(1)
+            if len(passes) == 2:  # the worker's pass: end it while its keeper is extending
+                await extending.wait()
+                blocker.execute("ROLLBACK")  # no await between this and the end of the pass
+            await ctx.sleep_until(deadline)
+
+        assert await run_durably(durable, wf, flow) == Sleeping(deadline)
+        await scheduler.make_ready(wf)  # woken early: the next pass sleeps again
+        worker = DurableWorker(durable, flow, alive=timedelta(milliseconds=30))  # keeper every 10 ms
+        assert await worker.run_once(NOW) == Sleeping(deadline)
+        assert await s.queue_row(wf) == deadline.timestamp()
+
+    try:
+        run(scenario)
+    finally:
+        blocker.close()
+
+
+def test_a_step_name_or_message_key_with_a_nul_is_refused_before_anything_runs(run) -> None:  # noqa: ANN001
+    async def scenario(s: Stores) -> None:
+        ran: list[int] = []
+
+        async def steps(ctx: Context) -> None:
+            await ctx.step("charge\x00v2", lambda: ran.append(1))
+
+        async def receives(ctx: Context) -> None:
+            await ctx.receive("reply\x00v2")
+
+        for flow in (steps, receives):
+            with pytest.raises(ValueError, match="NUL"):
+                await run_durably(s.durable, s.workflow(), flow)
+        assert ran == []
 
     run(scenario)
