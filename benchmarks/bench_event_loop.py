@@ -14,7 +14,6 @@ through `harel_edge.testing.proxy.LatencyProxy`, which adds `--delay` seconds ea
 a 20 ms round trip) on loopback, since this machine has no netem.
 
     .venv/bin/python benchmarks/bench_event_loop.py                  # the default design
-    .venv/bin/python benchmarks/bench_event_loop.py --processes 0    # threads only (the old design)
     .venv/bin/python benchmarks/bench_event_loop.py --profiles sqld --inflight 8 --seconds 3
 
 `--durable` measures the durable stores' `Database` instead, on sqld and replica, in both
@@ -377,7 +376,7 @@ def main() -> None:
             ):
                 rows += asyncio.run(run_profile(profile, args, tmp / profile, proxy.url, server.rw_token))
 
-    design = "threads" if args.processes == 0 else f"processes={args.processes or 'default'}"
+    design = "event path" if args.processes is None else ("threads" if args.processes == 0 else f"processes={args.processes}")
     print(
         f"\n{platform.python_implementation()} {platform.python_version()}, {design}, "
         f"added latency {args.delay * 1000:g} ms each way, {args.seconds:g} s per cell\n"
