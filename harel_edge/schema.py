@@ -33,8 +33,14 @@ from harel.engine.schema import DEFAULT_PREFIX, Names
 from harel_edge.errors import SchemaTooNewError
 
 # 4 is harel 0.9's transport (no routing_key); 5 adds routing_key, the publish view, the two
-# triggers and the durable stores' tables.
-SCHEMA_VERSION = 5
+# triggers and the durable stores' tables; 6 adds the scheduler queue's `generation` (receipts
+# that cannot collide) and makes an arrival bump it.
+SCHEMA_VERSION = 6
+
+# A row's next generation: a new row holds 0, and its first bump starts the count at a random
+# number below 2**52 (whole numbers a REAL holds exactly: the driver sends large ints as REALs),
+# so a delivery from before a delete cannot match the row made again after it.
+QUEUE_BUMP = "CASE generation WHEN 0 THEN (random() & 4503599627370495) + 1 ELSE generation + 1 END"
 
 PARKED = "__parked__"  # harel's sentinel `locked_by` for a message parked by nack(delay > 0)
 
@@ -157,6 +163,7 @@ def durable_tables() -> list[str]:
         " namespace TEXT NOT NULL,"
         " workflow TEXT NOT NULL,"
         " visible_at REAL NOT NULL,"
+        " generation INTEGER NOT NULL DEFAULT 0,"
         " PRIMARY KEY (namespace, workflow)"
         ") WITHOUT ROWID",
         "CREATE INDEX IF NOT EXISTS workflow_queue_visible_at ON workflow_queue (namespace, visible_at)",
@@ -193,13 +200,16 @@ def durable_writes() -> list[str]:
         "CREATE VIEW IF NOT EXISTS workflow_arrival"
         " (workflow, step, value, written_at, namespace, visible_at)"
         " AS SELECT NULL, NULL, NULL, NULL, NULL, NULL WHERE 0",
-        "CREATE TRIGGER IF NOT EXISTS workflow_arrival_insert INSTEAD OF INSERT ON workflow_arrival BEGIN"
+        # `_v6`: version 5's trigger did not bump the generation; a new name replaces it.
+        "DROP TRIGGER IF EXISTS workflow_arrival_insert",
+        "CREATE TRIGGER IF NOT EXISTS workflow_arrival_insert_v6 INSTEAD OF INSERT ON workflow_arrival BEGIN"
         " INSERT INTO workflow_checkpoint (workflow, step, value, written_at)"
         " VALUES (NEW.workflow, NEW.step, NEW.value, NEW.written_at)"
         " ON CONFLICT (workflow, step) DO NOTHING;"
         " INSERT INTO workflow_queue (namespace, workflow, visible_at)"
         " SELECT NEW.namespace, NEW.workflow, NEW.visible_at WHERE NEW.namespace IS NOT NULL"
-        " ON CONFLICT (namespace, workflow) DO UPDATE SET visible_at = MIN(visible_at, excluded.visible_at);"
+        " ON CONFLICT (namespace, workflow) DO UPDATE SET visible_at = MIN(visible_at, excluded.visible_at),"
+        f" generation = {QUEUE_BUMP};"
         " END",
         # Forget a workflow's records and raise its fence (and, with a namespace, drop its
         # queue row). The claim row stays behind, released, carrying the raised number.
@@ -220,7 +230,8 @@ def migration_sql(prefix: str = DEFAULT_PREFIX) -> list[str]:
     """The whole schema as a migration tool should run it on a NEW database, in order.
 
     On a database made by harel 0.9 (no routing_key), run `routing_upgrade(prefix)` once
-    between the tables and the additions; `harel-edge migrate --print-sql` prints this.
+    between the tables and the additions; on one made by schema version 5, also
+    `queue_generation_upgrade()`. `harel-edge migrate --print-sql` prints this.
     """
     return [
         *transport_tables(prefix),
@@ -247,7 +258,13 @@ def migrate(execute: Execute, prefix: str = DEFAULT_PREFIX) -> int:
     for statement in transport_tables(prefix):
         execute(statement)
     _add_routing_key(execute, prefix)
-    for statement in (*transport_additions(prefix), *durable_tables()):
+    for statement in transport_additions(prefix):
+        execute(statement)
+    durable = durable_tables()
+    for statement in durable[:3]:  # the three tables
+        execute(statement)
+    _add_column(execute, "workflow_queue", "generation", queue_generation_upgrade())
+    for statement in durable[3:]:
         execute(statement)
     if found < SCHEMA_VERSION:
         execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -266,12 +283,22 @@ def has_routing_key(execute: Execute, prefix: str = DEFAULT_PREFIX) -> bool:
     return any(row[1] == "routing_key" for row in columns)
 
 
+def queue_generation_upgrade() -> str:
+    """The statement that upgrades a version-5 scheduler queue: for a migration tool to run once."""
+    return "ALTER TABLE workflow_queue ADD COLUMN generation INTEGER NOT NULL DEFAULT 0"
+
+
 def _add_routing_key(execute: Execute, prefix: str) -> None:
+    _add_column(execute, EdgeNames(prefix).groups, "routing_key", routing_upgrade(prefix))
+
+
+def _add_column(execute: Execute, table: str, column: str, alter: str) -> None:
     """SQLite has no ADD COLUMN IF NOT EXISTS: look, add, and accept losing a race to add it."""
-    if has_routing_key(execute, prefix):
+    columns = execute(f"SELECT cid, name FROM pragma_table_info('{table}')")
+    if any(row[1] == column for row in columns):
         return
     try:
-        execute(routing_upgrade(prefix))
+        execute(alter)
     except Exception as exc:  # noqa: BLE001 - re-raised unless it is the race we expect
         if "duplicate column" not in str(exc).lower():
             raise

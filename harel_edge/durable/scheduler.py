@@ -31,15 +31,12 @@ from harel_edge.durable.database import Database, migrate
 from harel_edge.durable.types import LEASE, POLL, Delivery, to_seconds
 from harel_edge.ids import refuse_nul
 from harel_edge.procpool import execute
-from harel_edge.schema import DB_NOW
+from harel_edge.schema import DB_NOW, QUEUE_BUMP
 
 _NOW = "(SELECT COALESCE(?{n}, " + DB_NOW + ") AS now) AS t"
 
-# The next generation of a row. A new row holds 0; its first bump starts the count at a random
-# number from 1 to 2**52, so a delivery from before the row was deleted and made again does not
-# match the new row merely because both counts started at 1. Below 2**53 because the libsql
-# driver binds a Python int past 32 bits as a REAL, which is exact only up to there.
-_BUMP = "CASE generation WHEN 0 THEN (random() & 4503599627370495) + 1 ELSE generation + 1 END"
+# The next generation of a row: see schema.QUEUE_BUMP.
+_BUMP = QUEUE_BUMP
 
 # A wakeup bumps the generation even when it leaves the visibility as it was (already due, or
 # asked for later than a worker's lease ends), so the pass out with a worker never drops it.
@@ -81,24 +78,6 @@ RETURNING visible_at
 _DONE = f"DELETE FROM workflow_queue WHERE {_HELD}"
 _CANCEL = "DELETE FROM workflow_queue WHERE namespace = ?1 AND workflow = ?2"
 
-# What schema.durable_tables() does not create yet: the column every statement above needs.
-GENERATION_DDL = "ALTER TABLE workflow_queue ADD COLUMN generation INTEGER NOT NULL DEFAULT 0"
-
-
-def add_queue_generation(connection) -> None:  # noqa: ANN001 - an EdgeConnection
-    """Add `workflow_queue.generation` to a file whose schema lacks it, before the first statement
-    that names it; idempotent, and losing a race to add it is no error. Goes once the schema has it."""
-    columns = connection.execute("SELECT name FROM pragma_table_info('workflow_queue')")
-    if any(name == "generation" for (name,) in columns):
-        return
-    try:
-        connection.execute(GENERATION_DDL)
-    except Exception as exc:  # noqa: BLE001 - re-raised unless another process added it first
-        if "duplicate column" not in str(exc).lower():
-            raise
-    connection.sync()  # a replica prepares statements against its own copy of the schema
-
-
 @dataclass(eq=False)
 class LibsqlScheduler:
     """The queue of workflows wanting a pass, scored by when each becomes visible.
@@ -117,7 +96,6 @@ class LibsqlScheduler:
     lease_seconds: float = field(init=False, repr=False)
     poll_seconds: float = field(init=False, repr=False)
     _ready: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
-    _has_generation: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         refuse_nul(self.namespace, "namespace")
@@ -136,16 +114,8 @@ class LibsqlScheduler:
     async def prepare(self) -> None:
         """Create the tables (every worker does this at start; all but the first find them)."""
         await migrate(self.database)
-        await self._ensure_generation()
-
-    async def _ensure_generation(self) -> None:
-        if not self._has_generation:
-            await self.database.call("durable.queue_generation", add_queue_generation, any_connection=True)
-            self._has_generation = True
 
     async def _call(self, operation: str, work: Callable[..., Any], *args: Any) -> Any:
-        """One operation of this scheduler: its statements need the generation column."""
-        await self._ensure_generation()
         return await self.database.call(operation, work, *args, any_connection=True)
 
     async def make_ready(self, workflow: str, when: datetime | None = None) -> None:

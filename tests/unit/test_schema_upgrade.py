@@ -170,3 +170,57 @@ def test_a_file_that_is_not_a_database_is_refused_and_left_untouched(tmp_path):
     with pytest.raises(Exception, match="not a SQLite/libSQL database"):
         LibsqlTransport(settings=ExplicitSettings.load(db_path=str(path)))
     assert path.read_bytes() == before
+
+
+def version_5_file(tmp_path):
+    """A file as schema version 5 left it: the scheduler queue without `generation`, whose
+    arrival trigger did not bump it, and a workflow waiting in it."""
+    path = str(tmp_path / "v5.db")
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE workflow_queue (namespace TEXT NOT NULL, workflow TEXT NOT NULL,"
+            " visible_at REAL NOT NULL, PRIMARY KEY (namespace, workflow)) WITHOUT ROWID"
+        )
+        db.execute(
+            "CREATE VIEW workflow_arrival (workflow, step, value, written_at, namespace, visible_at)"
+            " AS SELECT NULL, NULL, NULL, NULL, NULL, NULL WHERE 0"
+        )
+        db.execute(
+            "CREATE TRIGGER workflow_arrival_insert INSTEAD OF INSERT ON workflow_arrival BEGIN"
+            " INSERT INTO workflow_queue (namespace, workflow, visible_at)"
+            " SELECT NEW.namespace, NEW.workflow, NEW.visible_at WHERE NEW.namespace IS NOT NULL"
+            " ON CONFLICT (namespace, workflow) DO UPDATE SET visible_at = MIN(visible_at, excluded.visible_at);"
+            " END"
+        )
+        db.execute("INSERT INTO workflow_queue VALUES ('ns', 'w1', 100.0)")
+        db.execute("PRAGMA user_version = 5")
+    return path
+
+
+def test_a_version_5_file_gets_queue_generations_and_an_arrival_that_bumps_them(tmp_path):
+    path = version_5_file(tmp_path)
+    LibsqlTransport(path).close()
+    assert user_version(path) == schema.SCHEMA_VERSION == 6
+    assert "generation" in columns(path, "workflow_queue")
+    with sqlite3.connect(path) as db:
+        triggers = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
+        assert "workflow_arrival_insert" not in triggers, "the trigger that did not bump was dropped"
+        assert db.execute("SELECT workflow, visible_at, generation FROM workflow_queue").fetchall() == [
+            ("w1", 100.0, 0)
+        ], "the waiting workflow is kept"
+        db.execute("INSERT INTO workflow_arrival VALUES ('w1', 'k', '1', 0, 'ns', 50.0)")
+        visible, generation = db.execute("SELECT visible_at, generation FROM workflow_queue").fetchone()
+        assert visible == 50.0 and generation > 0, "an arrival makes the row ready and changes its receipt"
+
+
+def test_upgrading_a_version_5_file_twice_at_once_adds_the_column_once(tmp_path):
+    path = version_5_file(tmp_path)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        pool.map(_open_and_close, [path, path])
+    assert columns(path, "workflow_queue").count("generation") == 1
+    assert user_version(path) == schema.SCHEMA_VERSION
+
+
+def _open_and_close(path):
+    LibsqlTransport(path).close()
