@@ -15,7 +15,7 @@ from harel.engine.schema import DEFAULT_PREFIX
 
 from harel_edge import schema
 from harel_edge.event_path import EventPath, EventTransport
-from harel_edge.executor import Executor, Stmt, open_executor
+from harel_edge.executor import Executor, blocking_execute, open_executor
 from harel_edge.executor.local import LocalExecutor
 from harel_edge.settings import EdgeSettings
 from harel_edge.transport import Clock, LibsqlTransport, _explicit_settings, check_schema
@@ -78,12 +78,7 @@ class AsyncLibsqlTransport(EventTransport):
     async def _prepare(self, create_schema: bool) -> None:
         """The schema steps are sync code: run them on a thread whose statements go through the
         executor, so the loop keeps running while they travel."""
-        loop = asyncio.get_running_loop()
-
-        def execute(sql: str, params: tuple | list = ()) -> list[tuple]:
-            unit = self.path.executor.execute(Stmt(sql, tuple(params)))
-            return asyncio.run_coroutine_threadsafe(unit, loop).result().rows
-
+        execute = blocking_execute(self.path.executor, asyncio.get_running_loop())
         if create_schema:
             await asyncio.to_thread(schema.migrate, execute, self.settings.prefix)
         else:

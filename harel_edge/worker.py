@@ -41,7 +41,7 @@ from harel_edge.durable import Database, LibsqlCheckpointer, LibsqlDurable, Libs
 from harel_edge.durable.runtime import DurableWorker, Lost, Outcome, WorkflowFn
 from harel_edge.errors import ConfigurationError
 from harel_edge.event_path import EventPath, EventStore, EventTransport
-from harel_edge.executor import open_executor
+from harel_edge.executor import blocking_execute, open_executor
 from harel_edge.settings import EdgeSettings
 from harel_edge.status import check_usable, database_facts, inspect_file, queue_status
 from harel_edge.store import store_tables
@@ -293,7 +293,9 @@ async def run_worker(
                     _durable_loop(loop, stop, options.poll), name=f"workflows:{spec.namespace}"
                 )
             )
-        sampler = asyncio.create_task(_sample(database, settings, options.sample_every, stop), name="sampler")
+        sampler = asyncio.create_task(
+            _sample(database, executor, settings, options.sample_every, stop), name="sampler"
+        )
         log.info(
             "worker started",
             worker_id=settings.worker_id,
@@ -385,9 +387,10 @@ async def _durable_loop(loop: DurableWorker, stop: asyncio.Event, poll: float) -
                 await asyncio.wait_for(stop.wait(), min(0.05 * 2**failures, 5.0))
 
 
-async def _sample(database: Database, settings: EdgeSettings, every: float, stop: asyncio.Event) -> None:
-    """Every `every` seconds: the queue's depth for the metrics, and on a replica a sync, so
-    the lag metric is meaningful even when the worker is idle (one log line per failure)."""
+async def _sample(database: Database, executor: Any, settings: EdgeSettings, every: float, stop: asyncio.Event) -> None:
+    """Every `every` seconds: the queue's depth for the metrics (read on the primary through the
+    executor), and on a replica a sync, so the lag metric means something while idle."""
+    execute = blocking_execute(executor, asyncio.get_running_loop())
     while not stop.is_set():
         if settings.profile == "replica":
             try:
@@ -398,7 +401,7 @@ async def _sample(database: Database, settings: EdgeSettings, every: float, stop
                 log.warning("sync failed", where="worker", error=f"{type(exc).__name__}: {str(exc)[:300]}")
             observability.refresh_sync_lag()
         try:
-            summary = await database.run(lambda c: queue_status(c.execute, settings.prefix, top=0))
+            summary = await asyncio.to_thread(queue_status, execute, settings.prefix, top=0)
             observability.QUEUE_DEPTH.clear()
             for row in summary["by_priority_and_routing_key"]:
                 for state in ("queued", "in_flight", "parked"):

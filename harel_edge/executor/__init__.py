@@ -63,6 +63,18 @@ class Executor(Protocol):
         """Send what is queued, then release connections."""
 
 
+def blocking_execute(executor: Executor, loop: Any) -> Any:
+    """A sync `execute(sql, params) -> rows` for code running on a thread (schema steps, status
+    queries) whose statements go through `executor` on `loop`, which keeps running meanwhile."""
+    import asyncio  # noqa: PLC0415
+
+    def execute(sql: str, params: tuple | list = ()) -> list[tuple]:
+        unit = executor.execute(Stmt(sql, tuple(params)))
+        return asyncio.run_coroutine_threadsafe(unit, loop).result().rows
+
+    return execute
+
+
 def open_executor(settings: EdgeSettings, *, local_runner: Any = None) -> Executor:
     """The executor for the settings' profile: a local file (on `local_runner`'s connection if
     given, see `LocalExecutor`), or the primary over Hrana (sqld, and every write of a replica,
@@ -76,4 +88,4 @@ def open_executor(settings: EdgeSettings, *, local_runner: Any = None) -> Execut
     return LocalExecutor(settings, runner=local_runner)
 
 
-__all__ = ["Executor", "ExecutorClosedError", "Result", "StatementError", "Stmt", "Value", "open_executor"]
+__all__ = ["blocking_execute", "Executor", "ExecutorClosedError", "Result", "StatementError", "Stmt", "Value", "open_executor"]
