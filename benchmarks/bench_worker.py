@@ -37,7 +37,7 @@ from harel_edge.executor import Stmt, open_executor
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
 from harel_edge.transport import LibsqlTransport, Message
-from harel_edge.worker import WorkerOptions, open_connection, prepare, run_worker
+from harel_edge.worker import WorkerOptions, open_connection, prepare_database, run_worker
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "harel_edge" / "examples"
 STEPS = (("Start", {}), ("Pay", {"amount": 1.0}), ("Ship", {}), ("Deliver", {}))
@@ -52,9 +52,9 @@ def messages(orders: int) -> list[Message]:
 
 
 def seed_edge(settings, orders: int) -> None:
+    prepare_database(settings)
     connection = open_connection(settings)
     try:
-        prepare(connection, migrate=True)
         store = EdgeStore(connection=connection, create_schema=False)
         for i in range(orders):
             store.save(Execution(id=f"order-{i:04d}", definition_id="order", priority=i % 4))

@@ -217,6 +217,15 @@ def prepare(connection: EdgeConnection, *, migrate: bool, adopt: bool = False) -
     return retry.call_with_retry(settings, "migrate", work, recover=lambda exc: _recover(connection, exc))
 
 
+def prepare_database(settings: EdgeSettings, *, adopt: bool = False) -> int:
+    """`prepare` on a connection opened for the purpose: create or upgrade every table."""
+    connection = open_connection(settings)
+    try:
+        return prepare(connection, migrate=True, adopt=adopt)
+    finally:
+        connection.close()
+
+
 def _recover(connection: EdgeConnection, exc: BaseException) -> None:
     if retry.needs_reopen(exc):
         connection.reopen()

@@ -39,8 +39,10 @@ from harel_edge.worker import (
     WorkerReport,
     open_connection,
     parse_workflow,
-    prepare,
     start_processes,
+)
+from harel_edge.worker import (
+    prepare_database as prepare_schema,
 )
 
 EXAMPLES = Path(__file__).parent
@@ -56,9 +58,9 @@ def demo_settings(path: Path) -> EdgeSettings:
 
 def prepare_database(settings: EdgeSettings) -> None:
     """The schema, and the table the sample workflow's charges go to."""
+    prepare_schema(settings)
     connection = open_connection(settings)
     try:
-        prepare(connection, migrate=True)
         connection.execute(LEDGER_DDL)
     finally:
         connection.close()

@@ -18,21 +18,13 @@ from harel.testing import (
 
 from harel_edge.event_path import EventPath, EventStore, EventTransport
 from harel_edge.executor import open_executor
-from harel_edge.worker import open_connection, prepare
-
-
-def prepared(settings):
-    connection = open_connection(settings)
-    try:
-        prepare(connection, migrate=True)
-    finally:
-        connection.close()
-    return settings
+from harel_edge.worker import prepare_database
 
 
 @contextlib.asynccontextmanager
 async def event_path(settings, clock=None, concurrency=32):
-    executor = open_executor(prepared(settings))
+    prepare_database(settings)
+    executor = open_executor(settings)
     path = EventPath(executor, settings, clock=clock)
     try:
         yield EventTransport(path, concurrency=concurrency), EventStore(path)

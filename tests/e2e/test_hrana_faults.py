@@ -8,6 +8,7 @@ after sqld applied it and before the answer comes back, which is the ambiguous c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import httpx
@@ -19,7 +20,7 @@ from harel_edge.errors import AuthError
 from harel_edge.event_path import EventPath, EventStore, EventTransport
 from harel_edge.executor.remote import HranaExecutor
 from harel_edge.settings import ExplicitSettings
-from harel_edge.worker import open_connection, prepare
+from harel_edge.worker import prepare_database
 
 pytestmark = pytest.mark.sqld
 
@@ -76,19 +77,18 @@ def _settings(server, **overrides):
     return ExplicitSettings.load(**values)
 
 
-def _prepared(settings):
-    connection = open_connection(settings)
-    try:
-        prepare(connection, migrate=True)
-    finally:
-        connection.close()
-    return settings
-
-
-async def _path(settings, relay):
+@contextlib.asynccontextmanager
+async def relayed(server):
+    """A prepared database on `server`, and the event path to it through a `FaultyRelay`."""
+    settings = _settings(server)
+    prepare_database(settings)
+    relay = FaultyRelay(server.http_url)
     executor = HranaExecutor(settings, transport=httpx.ASGITransport(app=relay))
     path = EventPath(executor, settings)
-    return EventTransport(path), EventStore(path), executor
+    try:
+        yield relay, EventTransport(path), EventStore(path)
+    finally:
+        await executor.aclose()
 
 
 AMBIGUOUS = ["500 after", "garbage after", "closed after"]
@@ -97,10 +97,7 @@ AMBIGUOUS = ["500 after", "garbage after", "closed after"]
 @pytest.mark.parametrize("fault", AMBIGUOUS)
 def test_a_commit_whose_answer_was_lost_is_looked_up_and_never_applied_twice(fresh_sqld_primary, fault):
     async def main():
-        settings = _prepared(_settings(fresh_sqld_primary))
-        relay = FaultyRelay(fresh_sqld_primary.http_url)
-        transport, store, executor = await _path(settings, relay)
-        try:
+        async with relayed(fresh_sqld_primary) as (relay, transport, store):
             exe = Execution(id="x", definition_id="d")
             await store.save(exe)
             await transport.publish("x", Event(kind="go"))
@@ -115,8 +112,6 @@ def test_a_commit_whose_answer_was_lost_is_looked_up_and_never_applied_twice(fre
             assert await transport.depth() == 0
             assert [e.event.kind for e in await store.pending_outbox()] == ["out"], "one outbox entry, not two"
             assert (await store.load("x")).version == 2
-        finally:
-            await executor.aclose()
 
     asyncio.run(main())
 
@@ -124,10 +119,7 @@ def test_a_commit_whose_answer_was_lost_is_looked_up_and_never_applied_twice(fre
 @pytest.mark.parametrize("fault", AMBIGUOUS)
 def test_a_claim_whose_answer_was_lost_returns_the_lease_it_took(fresh_sqld_primary, fault):
     async def main():
-        settings = _prepared(_settings(fresh_sqld_primary))
-        relay = FaultyRelay(fresh_sqld_primary.http_url)
-        transport, _store, executor = await _path(settings, relay)
-        try:
+        async with relayed(fresh_sqld_primary) as (relay, transport, _store):
             await transport.publish("a", Event(kind="a1"))
             await transport.publish("b", Event(kind="b1"))
             relay.faults = [fault]
@@ -135,8 +127,6 @@ def test_a_claim_whose_answer_was_lost_returns_the_lease_it_took(fresh_sqld_prim
             assert sorted(lease.event.kind for lease in leases) == ["a1", "b1"]
             assert await transport.claim_many("w", 30, 2) == [], "nothing was leased twice"
             assert await transport.ack_many(leases) == [True, True]
-        finally:
-            await executor.aclose()
 
     asyncio.run(main())
 
@@ -144,15 +134,10 @@ def test_a_claim_whose_answer_was_lost_returns_the_lease_it_took(fresh_sqld_prim
 @pytest.mark.parametrize("fault", ["500 after", "closed after"])
 def test_a_publish_whose_answer_was_lost_is_queued_once(fresh_sqld_primary, fault):
     async def main():
-        settings = _prepared(_settings(fresh_sqld_primary))
-        relay = FaultyRelay(fresh_sqld_primary.http_url)
-        transport, _store, executor = await _path(settings, relay)
-        try:
+        async with relayed(fresh_sqld_primary) as (relay, transport, _store):
             relay.faults = [fault]
             await transport.publish("a", Event(kind="a1"))
             assert await transport.depth() == 1
-        finally:
-            await executor.aclose()
 
     asyncio.run(main())
 
@@ -160,10 +145,7 @@ def test_a_publish_whose_answer_was_lost_is_queued_once(fresh_sqld_primary, faul
 @pytest.mark.parametrize("fault", ["500 before", "stream expired"])
 def test_a_request_the_primary_failed_before_applying_is_retried_and_applied_once(fresh_sqld_primary, fault):
     async def main():
-        settings = _prepared(_settings(fresh_sqld_primary))
-        relay = FaultyRelay(fresh_sqld_primary.http_url)
-        transport, store, executor = await _path(settings, relay)
-        try:
+        async with relayed(fresh_sqld_primary) as (relay, transport, store):
             exe = Execution(id="x", definition_id="d")
             relay.faults = [fault]
             await store.save(exe)
@@ -171,15 +153,13 @@ def test_a_request_the_primary_failed_before_applying_is_retried_and_applied_onc
             relay.faults = [fault]
             await transport.publish("x", Event(kind="go"))
             assert await transport.depth() == 1
-        finally:
-            await executor.aclose()
 
     asyncio.run(main())
 
 
 def test_a_refused_token_fails_at_once_with_what_to_do_and_without_the_token(fresh_sqld_primary):
     async def main():
-        _prepared(_settings(fresh_sqld_primary))
+        prepare_database(_settings(fresh_sqld_primary))
         bad = _settings(fresh_sqld_primary, auth_token="not-a-valid-token")
         executor = HranaExecutor(bad)
         path = EventPath(executor, bad)
@@ -202,7 +182,7 @@ def test_a_refused_token_fails_at_once_with_what_to_do_and_without_the_token(fre
 
 def test_a_token_with_a_trailing_newline_is_used_without_it(fresh_sqld_primary):
     async def main():
-        _prepared(_settings(fresh_sqld_primary))
+        prepare_database(_settings(fresh_sqld_primary))
         settings = _settings(fresh_sqld_primary, auth_token=fresh_sqld_primary.rw_token + "\n")
         executor = HranaExecutor(settings)
         try:
