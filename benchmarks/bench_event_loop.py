@@ -24,7 +24,7 @@ transaction). Operations, each coroutine on a workflow of its own: `record` (one
 worker), `queue` (make_ready, next_ready, done: one cycle, three operations, counts as one), and
 `record/N db`, `transact/N db` (each coroutine with a Database of its own: N connections;
 processes design only, since N connections in one process, in transactions, time out on sqld,
-FACTS.md).
+docs/executor.md).
 
     .venv/bin/python benchmarks/bench_event_loop.py --durable
     .venv/bin/python benchmarks/bench_event_loop.py --durable --profiles sqld --ops record --inflight 1,8
@@ -277,7 +277,7 @@ async def run_durable_profile(profile: str, args, tmp: Path, url: str, token: st
             if op.endswith("/N db") and processes == 0:
                 # N connections in one process, each in a transaction: a waiter holds the GIL
                 # while the lock holder cannot run, and sqld aborts the holder after 5 s
-                # (FACTS.md). That is the failure processes exist to avoid, not a measurement.
+                # (docs/executor.md). That is the failure processes exist to avoid, not a measurement.
                 continue
             for inflight in args.inflight:
                 n += 1

@@ -64,7 +64,7 @@ class EdgeConnection:
         self._raw: Any = None
         self._closed = False
         self._used_at = time.monotonic()
-        # A replica cannot even be opened while its primary is down (driver-facts §5), and a
+        # A replica cannot even be opened while its primary is down, and a
         # worker usually starts with its primary: open under the retry policy, so both may start
         # in any order. Refused credentials and bad paths are permanent and fail at once.
         retry.call_with_retry(settings, "connect", self._start)

@@ -1,6 +1,6 @@
 """Blocking libsql work in worker processes, awaited from an event loop that stays free.
 
-Why processes. libsql holds the GIL for the whole of every network call (FACTS.md), so a
+Why processes. libsql holds the GIL for the whole of every network call (docs/executor.md), so a
 driver call on a thread freezes the event loop for a round trip to the primary: tens of
 milliseconds at the edge, during which nothing else in the process runs. The GIL is per
 process, so a call made by another process costs the loop nothing: the loop only waits on a

@@ -106,7 +106,7 @@ TRANSIENT_MARKERS = (
 
 # After these the driver's connection is dead for good (a remote stream is gone after sqld
 # restarted or after ~10 s idle): only a new connection works. "connection has reached an
-# invalid state" is deliberately absent: the driver's next statement works (driver-facts §6),
+# invalid state" is deliberately absent: the driver's next statement works (docs/operations.md),
 # and reopening a replica while its primary is down fails, where the old one still reads.
 REOPEN_MARKERS = (
     "stream_expired",

@@ -6,7 +6,7 @@ file and a harel user's existing queue is upgraded in place rather than copied.
 
 What harel_edge adds beside them is there to make every queue operation ONE statement, which is
 what makes it one round trip to a remote primary and atomic without an interactive
-transaction (FACTS.md: interactive transactions through embedded replicas deadlock until
+transaction (measured, docs/transport.md: interactive transactions through embedded replicas deadlock until
 sqld's 5 s timeout and leave ambiguous commits behind):
 
 - a view, `<prefix>_transport_publish`, whose INSTEAD OF INSERT trigger writes the group row

@@ -9,12 +9,12 @@ together with a `sync_url`, so a direct connection to an authenticating sqld or 
 
 - on a replica its reads are local and never synced, so a worker loading an execution that
   another edge created sees None, and harel's worker then acknowledges (drops) the event;
-- it opens libsql in its default DEFERRED mode (driver-facts §0: implicit transactions that
+- it opens libsql in its default DEFERRED mode (implicit transactions that
   hold the primary's write lock and are rolled back by sqld's timeout) with no WAL and no
   busy timeout on a local file, and it has no retry policy for a flaky link;
 - its connection is its own, so a worker running it beside the transport has two writers in
   one process, which on a local file stall each other for the whole busy timeout (the driver
-  holds the GIL while it waits for the lock; FACTS.md).
+  holds the GIL while it waits for the lock).
 
 So `EdgeStore` keeps harel's SQL (it subclasses `LibsqlStore` and calls its methods, which
 keeps the contracts' behaviour and picks up harel's fixes) and changes how it reaches the
@@ -59,7 +59,7 @@ class _Driver:
     Looked up on every call, because a reopen (after a dead remote stream) replaces it.
     `commit` and `rollback` only act inside a transaction: with `isolation_level=None` a
     statement outside one has already committed, and a rollback after a failed delegated
-    transaction raises on a replica although nothing is left to undo (driver-facts §6).
+    transaction raises on a replica although nothing is left to undo (docs/operations.md).
     """
 
     def __init__(self, edge: EdgeConnection) -> None:

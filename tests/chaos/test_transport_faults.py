@@ -10,7 +10,7 @@ MESSAGES messages in GROUPS groups, with a short lease (VISIBILITY). Meanwhile t
 2. kills it (SIGKILL / docker kill), leaves it down for DOWN seconds, and restarts it on the same
    data dir and port.
 
-Nothing times a driver call out (driver-facts: no client-side timeout): a worker blocks on the
+Nothing times a driver call out (libsql 0.1.8 has no client-side timeout): a worker blocks on the
 paused primary until it resumes, and its lease lapses meanwhile. That is what makes duplicates
 possible, and the only way they are allowed: a message delivered twice must have had its first
 lease expire before the second claim (checked from the workers' own log of every delivery).

@@ -1,7 +1,7 @@
 """The retry policy: which errors are retried, how, and when it stops; and the replica's sync policy.
 
 The classification is checked against the exact texts libsql 0.1.8 and sqld 0.24.32 produced
-(/work/notes/driver-facts.md, copied verbatim), and against errors a real sqld and a real local
+(as measured and listed in docs/operations.md, copied verbatim), and against errors a real sqld and a real local
 file produce in this run. The policy's behaviour (stop, resolve, recover, logging) is checked
 with real failing operations where one can be made on demand (a local file locked by another
 connection, a UNIQUE violation), and with plain functions where the point is the policy's logic.
@@ -29,7 +29,7 @@ from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import wait_until
 from harel_edge.transport import LibsqlTransport
 
-# ---- the texts, verbatim from driver-facts.md ---------------------------------------------------
+# ---- the texts, verbatim as measured ---------------------------------------------------
 
 TRANSIENT_TEXTS = {
     "remote, refused": "Hrana: `http error: `error trying to connect: tcp connect error: Connection refused "
@@ -84,7 +84,7 @@ PERMANENT_TEXTS = {
     "replica, read-only token writes": 'Write delegation: `status: PermissionDenied, message: "Authorization '
     "forbidden: Current session doesn't not have Write permission to namespace default\"`",
     "remote, journal_mode": "unsupported statement",
-    # FACTS.md: a libsql release newer than 0.1.8 against sqld 0.24
+    # measured: a libsql release newer than 0.1.8 against sqld 0.24
     "replica, driver too new (404)": "failed to pull db export: status=404",
     "replica, driver too new (generation)": "invalid local state: generation is 0",
 }
