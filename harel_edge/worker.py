@@ -3,9 +3,10 @@
 Statechart events take the event path (`event_path.py`): one claim statement leases many
 groups' heads with their executions, and each event's commit carries its ack, through the
 profile's executor (Hrana over HTTP to a remote primary, never blocking the loop; one shared
-commit on a local file). The durable workflows, the schema step and the periodic sampling go
-through the durable `Database`, whose connection the local executor shares, so a local file
-has one writer a process. Parallelism beyond one process comes from processes:
+commit on a local file). The durable workflows, the schema step and a replica's syncs go
+through the durable `Database`: on a local file its connection is the one the executor shares
+(one writer a process); on sqld and replica it lives in a worker process, so the driver's
+round trips never freeze the loop. Parallelism beyond one process comes from processes:
 `run_processes` starts several with the `spawn` method (a libsql connection must not cross a
 fork).
 
@@ -256,8 +257,12 @@ async def run_worker(
 
     report = WorkerReport(settings.worker_id)
     started = time.monotonic()
-    connection = await asyncio.to_thread(open_connection, settings)
-    database = Database(connection)
+    if settings.profile == "local" or settings.async_processes == 0:
+        database = Database(await asyncio.to_thread(open_connection, settings))
+    else:
+        # The libsql driver holds the GIL for its round trips: the durable stores' connection
+        # (and the replica's syncs) live in a worker process, so they never freeze this loop.
+        database = Database.in_process(settings)
     executor = None
     try:
         await database.run(lambda c: prepare(c, migrate=options.migrate, adopt=options.adopt))
