@@ -2,7 +2,7 @@
 
 Every command reads the same settings as the workers (HAREL_EDGE_* variables, `.env`, or the
 global options, which win), so what an operator inspects is what the workers use. Commands that
-only look (`status`, `doctor`, `config show`) never write: a local file is read through
+only look (`status`, `doctor`, `config show`, `dead-letter list` and `show`) never write: a local file is read through
 SQLite's read-only mode, and a remote primary only receives reads. Commands that write refuse,
 before writing anything, a file that is not a database, another application's database, and a
 database written by a newer harel_edge.
@@ -53,6 +53,7 @@ from harel_edge.status import (
     check_usable,
     clock_skew,
     database_facts,
+    dead_letter_status,
     inspect_file,
     last_sync_of_replica_file,
     open_read_only,
@@ -88,6 +89,13 @@ config_app = typer.Typer(
     help="Inspect the configuration.", no_args_is_help=True, rich_markup_mode=None, context_settings=CONTEXT
 )
 app.add_typer(config_app, name="config")
+dead_letter_app = typer.Typer(
+    help="The messages and workflows that failed too often: list, show, requeue, purge.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    context_settings=CONTEXT,
+)
+app.add_typer(dead_letter_app, name="dead-letter")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -442,6 +450,8 @@ def collect_status(settings: EdgeSettings, top: int = 10) -> dict[str, Any]:
         report["queue"] = queue_status(reader.execute, settings.prefix, top=top)
         if "workflow_queue" in facts.tables:
             report["workflows"] = workflow_status(reader.execute)
+        if schema.dead_letters_table(settings.prefix) in facts.tables:
+            report["dead_letters"] = dead_letter_status(reader.execute, settings.prefix)
     finally:
         reader.close()
     if replica is not None:
@@ -530,6 +540,14 @@ def status(
                 "-" if wake is None else f"in {wake:.1f} s",
             )
         out.print(table)
+    dead = report.get("dead_letters")
+    if dead is not None:
+        total = dead["messages"] + dead["workflows"]
+        out.print(
+            f"dead letters: {dead['messages']} messages, {dead['workflows']} workflows"
+            + (" (`harel-edge dead-letter list` shows them)" if total else ""),
+            markup=False,
+        )
     replica = report.get("replica")
     if replica is not None:
         lag = replica["lag_seconds"]
@@ -873,6 +891,173 @@ def demo(
         raise typer.Exit(EXIT_PROBLEM)
 
 
+# ---- dead letters ---------------------------------------------------------------------------------
+
+
+def _when(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
+
+
+def _kind_option(kind: str | None) -> str | None:
+    from harel_edge.dead_letter import KINDS  # noqa: PLC0415
+
+    if kind is not None and kind not in KINDS:
+        raise ConfigurationError(f"--kind {kind!r}: use {' or '.join(KINDS)}")
+    return kind
+
+
+def _dead_letter_id(value: int) -> int:
+    if value < 1:
+        raise ConfigurationError(f"ID {value} is not a dead letter's id: `harel-edge dead-letter list` shows them")
+    return value
+
+
+def _not_found(dead_letter_id: int) -> None:
+    _fail(EXIT_PROBLEM, f"no dead letter #{dead_letter_id}: `harel-edge dead-letter list` shows the ones there are")
+
+
+def _with_reader(settings: EdgeSettings, work: Callable[[Callable[..., list[tuple]]], Any]) -> Any:
+    reader = open_for_reading(settings)
+    try:
+        check_usable(database_facts(reader.execute), settings.prefix, reader.where)
+        return work(reader.execute)
+    finally:
+        reader.close()
+
+
+def _with_writer(settings: EdgeSettings, work: Callable[[Callable[..., list[tuple]]], Any]) -> Any:
+    """Run `work` on the primary itself (on a replica too: what it writes must be decided
+    there, and read back from there), after `check_writable`."""
+    check_writable(settings)
+    connection = EdgeConnection(settings) if settings.profile == "local" else _probe(settings)
+    try:
+        return work(connection.execute)
+    finally:
+        connection.close()
+
+
+@handled
+def dead_letter_list(
+    ctx: typer.Context,
+    kind: str | None = typer.Option(None, "--kind", help="Only this kind: message or workflow."),
+    limit: int = typer.Option(100, "--limit", min=1, help="At most this many, oldest first."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
+) -> None:
+    """List the dead letters, oldest first.
+
+    Messages whose handling failed HAREL_EDGE_MAX_DELIVERIES times and durable workflows whose
+    passes failed that many times in a row, which the workers moved aside. Reads only."""
+    from harel_edge.dead_letter import list_dead_letters  # noqa: PLC0415
+
+    settings = ctx.obj.settings()
+    kind = _kind_option(kind)
+    found = _with_reader(settings, lambda execute: list_dead_letters(execute, settings.prefix, kind=kind, limit=limit))
+    if as_json:
+        print(json.dumps([letter.as_dict() for letter in found], indent=2))
+        return
+    if not found:
+        out.print("no dead letters", markup=False)
+        return
+    table = Table(title=f"dead letters (oldest {len(found)})" if len(found) == limit else "dead letters")
+    for column in ("id", "kind", "of", "what", "attempts", "dead at", "last error"):
+        table.add_column(column, justify="right" if column in ("id", "attempts") else "left")
+    for letter in found:
+        what = (letter.event or {}).get("kind", "-") if letter.kind == "message" else "-"
+        error = (letter.last_error or "-").splitlines()[0] if letter.last_error else "-"
+        table.add_row(
+            str(letter.id),
+            letter.kind,
+            letter.target,
+            str(what),
+            str(letter.attempts),
+            _when(letter.dead_at),
+            error[:80] + ("..." if len(error) > 80 else ""),
+        )
+    out.print(table)
+
+
+@handled
+def dead_letter_show(
+    ctx: typer.Context,
+    dead_letter_id: int = typer.Argument(..., metavar="ID", help="The dead letter's id (from `list`)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Show one dead letter: what it was, how often it failed, and its last error. Reads only."""
+    from harel_edge.dead_letter import get_dead_letter  # noqa: PLC0415
+
+    settings = ctx.obj.settings()
+    wanted = _dead_letter_id(dead_letter_id)
+    letter = _with_reader(settings, lambda execute: get_dead_letter(execute, settings.prefix, wanted))
+    if letter is None:
+        _not_found(wanted)
+    if as_json:
+        print(json.dumps(letter.as_dict(), indent=2))
+        return
+    lines = [f"dead letter #{letter.id}: {letter.kind} of {letter.target}"]
+    if letter.kind == "message":
+        key = letter.routing_key or "-"
+        lines.append(f"queue seq {letter.seq}, priority {letter.priority}, routing key {key}")
+        lines.append(f"failed deliveries: {letter.attempts}")
+    else:
+        lines.append(f"failed passes in a row: {letter.attempts}")
+    lines.append(f"dead at: {_when(letter.dead_at)}")
+    lines.append(f"last error: {letter.last_error or '- (none recorded: its worker may have died handling it)'}")
+    for line in lines:
+        out.print(line, markup=False)
+    if letter.event is not None:
+        out.print("event:", markup=False)
+        out.print(json.dumps(letter.event, indent=2), markup=False)
+
+
+@handled
+def dead_letter_requeue(
+    ctx: typer.Context,
+    dead_letter_id: int = typer.Argument(..., metavar="ID", help="The dead letter's id (from `list`)."),
+) -> None:
+    """Put a dead letter back, its count reset.
+
+    A message goes to the tail of its group (the group is made again if it has gone); a workflow
+    goes back in its scheduler queue, ready now, and replays from its records. Fix what made it
+    fail first: it is dead-lettered again after as many failures."""
+    from harel_edge.dead_letter import requeue  # noqa: PLC0415
+
+    settings = ctx.obj.settings()
+    wanted = _dead_letter_id(dead_letter_id)
+    letter = _with_writer(settings, lambda execute: requeue(execute, settings.prefix, wanted))
+    if letter is None:
+        _not_found(wanted)
+    if letter.kind == "message":
+        out.print(f"requeued message #{letter.id} at the tail of group {letter.target}", markup=False)
+    else:
+        out.print(f"requeued workflow #{letter.id} ({letter.target}): ready now", markup=False)
+
+
+@handled
+def dead_letter_purge(
+    ctx: typer.Context,
+    dead_letter_id: int | None = typer.Argument(None, metavar="ID", help="The dead letter's id (from `list`)."),
+    purge_all: bool = typer.Option(False, "--all", help="Every dead letter (of --kind, if given)."),
+    kind: str | None = typer.Option(None, "--kind", help="With --all: only this kind, message or workflow."),
+) -> None:
+    """Delete one dead letter (ID) or all of them (--all), for good."""
+    from harel_edge.dead_letter import purge, purge_all as purge_every  # noqa: PLC0415
+
+    settings = ctx.obj.settings()
+    if (dead_letter_id is None) == (not purge_all):
+        raise ConfigurationError("give a dead letter's ID or --all (not both)")
+    if kind is not None and not purge_all:
+        raise ConfigurationError("--kind goes with --all")
+    if purge_all:
+        kind = _kind_option(kind)
+        count = _with_writer(settings, lambda execute: purge_every(execute, settings.prefix, kind=kind))
+        out.print(f"purged {count} dead letter{'' if count == 1 else 's'}", markup=False)
+        return
+    wanted = _dead_letter_id(dead_letter_id)  # type: ignore[arg-type]
+    if not _with_writer(settings, lambda execute: purge(execute, settings.prefix, wanted)):
+        _not_found(wanted)
+    out.print(f"purged dead letter #{wanted}", markup=False)
+
+
 # ---- the reference ----------------------------------------------------------------------------------
 
 
@@ -887,6 +1072,11 @@ def command_paths() -> list[list[str]]:
         ["migrate"],
         ["config"],
         ["config", "show"],
+        ["dead-letter"],
+        ["dead-letter", "list"],
+        ["dead-letter", "show"],
+        ["dead-letter", "requeue"],
+        ["dead-letter", "purge"],
         ["doctor"],
     ]
 
@@ -931,4 +1121,11 @@ def reference() -> None:
 for _command in (demo, worker, publish, status, migrate, doctor):
     app.command()(_command)
 config_app.command("show")(config_show)
+for _name, _command in (
+    ("list", dead_letter_list),
+    ("show", dead_letter_show),
+    ("requeue", dead_letter_requeue),
+    ("purge", dead_letter_purge),
+):
+    dead_letter_app.command(_name)(_command)
 app.command("reference", hidden=True)(reference)

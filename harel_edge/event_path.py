@@ -39,7 +39,7 @@ from pydantic_core import from_json
 
 from harel_edge import observability, retry
 from harel_edge.executor import Executor, Result, StatementError, Stmt
-from harel_edge.schema import DB_NOW, PARKED, EdgeNames
+from harel_edge.schema import DB_NOW, PARKED, EdgeNames, dead_letters_table
 from harel_edge.settings import EdgeSettings
 from harel_edge.transport import BATCH_ROWS, Message, _claim_sql, _row, claim_params
 
@@ -48,11 +48,13 @@ log = structlog.get_logger("harel_edge.event_path")
 _NOW = f"COALESCE(?, {DB_NOW})"
 Clock = Callable[[], float]
 LeaseKey = tuple[int, str | None]
+MAX_ERROR_CHARS = 4000  # of a handling failure kept on its message and in its dead letter
 
 
 class EventPath:
-    """What the transport and the store of one worker share: the executor, the leases held,
-    the executions the claim brought, and the acks a commit already made."""
+    """What the transport and the store of one worker share: the executor, the leases held
+    (with their delivery counts and handling failures), the executions the claim brought, and
+    the acks a commit already made."""
 
     def __init__(self, executor: Executor, settings: EdgeSettings, *, clock: Clock | None = None) -> None:
         self.executor = executor
@@ -64,6 +66,8 @@ class EventPath:
         self.by_event: dict[tuple[str, str], Lease] = {}  # (group_id, event id) -> its lease
         self.prefetched: dict[tuple[str, str], tuple[str | None, bool]] = {}
         self.acked_by_commit: dict[LeaseKey, bool] = {}
+        self.deliveries: dict[LeaseKey, int] = {}  # which delivery of its message a lease is
+        self.failures: dict[LeaseKey, str] = {}  # a handling failure, for the nack to record
 
     def now(self) -> float | None:
         return self.clock() if self.clock is not None else None
@@ -74,14 +78,25 @@ class EventPath:
     async def execute(self, sql: str, *args: Any) -> Result:
         return await self.executor.execute(Stmt(sql, tuple(args)))
 
-    def hold(self, lease: Lease, execution: str | None = None, processed: bool = False, prefetch: bool = False) -> None:
+    def hold(
+        self,
+        lease: Lease,
+        execution: str | None = None,
+        processed: bool = False,
+        prefetch: bool = False,
+        deliveries: int | None = None,
+    ) -> None:
         self.held[(lease.seq, lease.token)] = lease
+        if deliveries is not None:
+            self.deliveries[(lease.seq, lease.token)] = deliveries
         self.by_event[(lease.group_id, lease.event.id)] = lease
         if prefetch:
             self.prefetched[(lease.group_id, lease.event.id)] = (execution, processed)
 
     def release(self, lease: Lease) -> None:
         self.held.pop((lease.seq, lease.token), None)
+        self.deliveries.pop((lease.seq, lease.token), None)
+        self.failures.pop((lease.seq, lease.token), None)
         self.by_event.pop((lease.group_id, lease.event.id), None)
         self.prefetched.pop((lease.group_id, lease.event.id), None)
 
@@ -94,6 +109,10 @@ class EventTransport:
     transport shared by several callers keeps it off, so a lease is only ever taken for the
     caller that asked. It counts for the metrics and the worker's report, and gives back every
     lease it holds at shutdown.
+
+    With `max_deliveries` (the worker's setting; 0, the default, never) a claimed message that
+    was already delivered that often without being settled cleanly is moved to the dead-letter
+    table instead of being handed out (see `failed` and docs/operations.md).
     """
 
     def __init__(
@@ -105,9 +124,13 @@ class EventTransport:
         report: Any = None,
         count_groups: bool = False,
         routing_keys: Sequence[str] | None = None,
+        max_deliveries: int = 0,
     ) -> None:
+        if max_deliveries < 0:
+            raise ValueError(f"max_deliveries must be >= 0 (0: never dead-letter), got {max_deliveries!r}")
         self.path = path
         self.concurrency = concurrency
+        self.max_deliveries = max_deliveries
         self.prefetch = prefetch
         self._report = report
         self._groups: Counter[str] | None = Counter() if count_groups else None
@@ -189,6 +212,20 @@ class EventTransport:
         if n < 1:
             raise ValueError(f"n must be at least 1, got {n!r}")
         keys = tuple(self._routing_keys if routing_keys is None else routing_keys)
+        while True:
+            leases, buried = await self._claim_once(worker_id, visibility, n, min_priority, keys, with_execution)
+            if leases or not buried:
+                break  # when every message claimed was buried, the next heads may be deliverable
+        if leases:
+            observability.CLAIMS.inc(len(leases))
+            if self._report is not None:
+                self._report.claims += len(leases)
+        return leases
+
+    async def _claim_once(
+        self, worker_id: str, visibility: float, n: int, min_priority: int, keys: tuple, with_execution: bool
+    ) -> tuple[list[Lease], int]:
+        """One claim statement: the leases to hand out, and how many messages it buried."""
         token, params = claim_params(worker_id, visibility, min_priority, keys, self.path.now())
         sql = self._claim_sql(len(keys), with_execution)
         q = self.path.queue
@@ -198,7 +235,8 @@ class EventTransport:
 
         async def resolve() -> list[tuple]:
             # Found or not, the look-up is the answer: a claim that did not land leased nothing.
-            extra = sql.split("RETURNING seq, group_id, event", 1)[1]
+            # The row is read after the delivery trigger ran: its count is already this one's.
+            extra = self._returning(with_execution, after_trigger=True)
             return (
                 await self.path.execute(
                     f"SELECT seq, group_id, event{extra} FROM {q.messages} WHERE locked_by = ? ORDER BY seq", token
@@ -206,35 +244,112 @@ class EventTransport:
             ).rows
 
         rows = sorted(await self.path.run("claim", attempt, resolve), key=lambda row: row[0])
-        leases = []
+        leases, buried = [], 0
         for row in rows:
             lease = _lease(row, token)
+            deliveries = int(row[-1] or 0)
+            if self.max_deliveries and deliveries > self.max_deliveries:
+                buried += 1
+                await self._bury_quietly(lease, deliveries)
+                continue
             if with_execution:
-                self.path.hold(lease, row[3], bool(row[4]), prefetch=True)
+                self.path.hold(lease, row[3], bool(row[4]), prefetch=True, deliveries=deliveries)
             else:
-                self.path.hold(lease)
+                self.path.hold(lease, deliveries=deliveries)
             leases.append(lease)
-        if leases:
-            observability.CLAIMS.inc(len(leases))
-            if self._report is not None:
-                self._report.claims += len(leases)
-        return leases
+        return leases, buried
 
     def _claim_sql(self, keys: int, with_execution: bool) -> str:
         sql = self._sql.get((keys, with_execution))
         if sql is None:
-            s = self.path.store
-            returning = (
-                f", (SELECT data FROM {s.executions} WHERE id = group_id),"
-                f" EXISTS(SELECT 1 FROM {s.processed_events}"
-                f" WHERE execution_id = group_id AND event_id = json_extract(event, '$.id'))"
-                if with_execution
-                else ""
-            )
             sql = self._sql[(keys, with_execution)] = _claim_sql(
-                self.path.queue, keys, many=True, returning=returning
+                self.path.queue, keys, many=True, returning=self._returning(with_execution)
             )
         return sql
+
+    def _returning(self, with_execution: bool, *, after_trigger: bool = False) -> str:
+        """The claim's extra columns: the execution and its processed flag (`with_execution`),
+        then which delivery this is. RETURNING sees the row before the AFTER UPDATE trigger
+        counts the delivery, so the claim adds it; a look-up afterwards reads it counted."""
+        s = self.path.store
+        execution = (
+            f", (SELECT data FROM {s.executions} WHERE id = group_id),"
+            f" EXISTS(SELECT 1 FROM {s.processed_events}"
+            f" WHERE execution_id = group_id AND event_id = json_extract(event, '$.id'))"
+            if with_execution
+            else ""
+        )
+        return f"{execution}, deliveries{'' if after_trigger else ' + 1'}"
+
+    # ---- dead letters ------------------------------------------------------------------------------
+
+    def deliveries(self, lease: Lease) -> int | None:
+        """Which delivery of its message `lease` is (1: the first), while it is held."""
+        return self.path.deliveries.get((lease.seq, lease.token))
+
+    def failed(self, lease: Lease, error: BaseException | str) -> None:
+        """Say that handling `lease` raised `error`: the nack that gives it back records the
+        error on the message (a dead letter keeps the last one), and the delivery stays counted
+        toward `max_deliveries`. A nack without it is a clean give-back and is not counted."""
+        key = (lease.seq, lease.token)
+        if key in self.path.held:
+            text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+            self.path.failures[key] = text[:MAX_ERROR_CHARS]
+
+    async def bury(self, lease: Lease, deliveries: int | None = None) -> bool:
+        """Move the leased message to the dead-letter table, fenced by the lease's token: one
+        statement that inserts the dead letter and deletes the message. False if the lease was lost."""
+        q = self.path.queue
+        bury = (
+            f"INSERT INTO {q.prefix}_transport_bury (seq, token, at, held)"
+            f" SELECT ?, ?, t.now, EXISTS(SELECT 1 FROM {q.messages} WHERE seq = ? AND locked_by = ?)"
+            f" FROM (SELECT {_NOW} AS now) AS t RETURNING held"
+        )
+
+        async def attempt() -> bool:
+            rows = (await self.path.execute(bury, lease.seq, lease.token, lease.seq, lease.token, self.path.now())).rows
+            return bool(rows and rows[0][0])
+
+        async def resolve() -> bool | None:
+            rows = (
+                await self.path.execute(
+                    f"SELECT (SELECT locked_by FROM {q.messages} WHERE seq = ?),"
+                    f" EXISTS(SELECT 1 FROM {dead_letters_table(q.prefix)} WHERE seq = ? AND kind = 'message')",
+                    lease.seq,
+                    lease.seq,
+                )
+            ).rows
+            locked_by, dead = rows[0]
+            if dead:
+                return True
+            return None if locked_by == lease.token else False
+
+        done = await self.path.run("bury", attempt, resolve)
+        self.path.release(lease)
+        if done:
+            observability.DEAD_LETTERED.labels("message").inc()
+            if self._report is not None:
+                self._report.dead_letters += 1
+            log.warning(
+                "dead-lettered",
+                kind="message",
+                group_id=lease.group_id,
+                seq=lease.seq,
+                event_kind=lease.event.kind,
+                deliveries=None if deliveries is None else deliveries - 1,
+                limit=self.max_deliveries,
+            )
+        else:
+            observability.record_lost_lease("bury")
+        return done
+
+    async def _bury_quietly(self, lease: Lease, deliveries: int) -> None:
+        """`bury`, from a claim: a failure leaves the message leased, and it comes back (still
+        over the limit) once the lease lapses, so the claim hands out what else it leased."""
+        try:
+            await self.bury(lease, deliveries)
+        except Exception as exc:  # noqa: BLE001 - the message is buried on a later claim
+            log.warning("could not dead-letter a message", group_id=lease.group_id, seq=lease.seq, error=str(exc)[:200])
 
     # ---- ack / nack ------------------------------------------------------------------------------
 
@@ -278,11 +393,17 @@ class EventTransport:
         fence, params = _fence(lease)
         q = self.path.queue
         if delay > 0:
-            sql = f"UPDATE {q.messages} SET locked_by = ?, lock_expiry = {_NOW} + ? WHERE {fence} RETURNING seq"
-            args: tuple = (PARKED, self.path.now(), delay, *params)
+            lock, lock_args = f"locked_by = ?, lock_expiry = {_NOW} + ?", (PARKED, self.path.now(), delay)
         else:
-            sql = f"UPDATE {q.messages} SET locked_by = NULL, lock_expiry = NULL WHERE {fence} RETURNING seq"
-            args = tuple(params)
+            lock, lock_args = "locked_by = NULL, lock_expiry = NULL", ()
+        # After a handling failure the delivery stays counted and its error is kept; any other
+        # give-back (a suspended execution, a conflict, a stop) takes its delivery back.
+        error = self.path.failures.pop((lease.seq, lease.token), None)
+        count, count_args = (
+            (", last_error = ?", (error,)) if error is not None else (", deliveries = MAX(deliveries - 1, 0)", ())
+        )
+        sql = f"UPDATE {q.messages} SET {lock}{count} WHERE {fence} RETURNING seq"
+        args: tuple = (*lock_args, *count_args, *params)
 
         async def attempt() -> bool:
             return bool((await self.path.execute(sql, *args)).rows)

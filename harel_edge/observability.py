@@ -4,8 +4,8 @@ Logs are structlog, as harel's are, so one configuration covers both: `configure
 renders every line as JSON (one object per line, for a log shipper) or for a terminal, and
 routes the standard library's `logging` (which harel's worker uses) through the same
 renderer. A line is written for each retried operation (`retrying`, from `retry.py`), each
-failed replica sync (`sync failed`) and each lost lease or claim (`lost lease`, from
-`transport.py`; `workflow claim lost`, from the worker).
+failed replica sync (`sync failed`), each lost lease or claim (`lost lease`, from
+`transport.py`; `workflow claim lost`, from the worker) and each dead letter (`dead-lettered`).
 
 Metrics are prometheus-client objects in the default registry, created once at import, so
 the modules that count need only import this one (it imports nothing of harel_edge: every
@@ -66,6 +66,18 @@ EVENTS_HANDLED = Counter(
     "harel_edge_events_handled",
     "Statechart events this process's worker handled (acked after processing, or dropped as "
     "duplicates or for unknown executions).",
+)
+
+DEAD_LETTERED = Counter(
+    "harel_edge_dead_lettered",
+    "Messages (kind=message) and durable workflows (kind=workflow) this process moved to the "
+    "dead-letter table after too many failed deliveries or passes.",
+    ["kind"],
+)
+DEAD_LETTERS = Gauge(
+    "harel_edge_dead_letters",
+    "Entries in the dead-letter table, by kind, as last sampled.",
+    ["kind"],
 )
 
 

@@ -34,7 +34,8 @@ from harel_edge.errors import SchemaTooNewError
 
 # 4 is harel 0.9's transport (no routing_key); 5 adds routing_key, the publish view, the two
 # triggers and the durable stores' tables; 6 adds the scheduler queue's `generation` (receipts
-# that cannot collide) and makes an arrival bump it.
+# that cannot collide) and makes an arrival bump it, and dead letters (a delivery count, the last
+# error, the dead-letter table and its views: `dead_letter_tables`).
 SCHEMA_VERSION = 6
 
 # A row's next generation: a new row holds 0, and its first bump starts the count at a random
@@ -226,6 +227,101 @@ def durable_writes() -> list[str]:
     ]
 
 
+# ---- dead letters ------------------------------------------------------------------------------
+
+
+def dead_letters_table(prefix: str = DEFAULT_PREFIX) -> str:
+    """The table of messages and workflows taken out of the way after failing too often."""
+    return f"{EdgeNames(prefix).prefix}_dead_letters"
+
+
+def dead_letter_columns(prefix: str = DEFAULT_PREFIX) -> list[tuple[str, str, str]]:
+    """(table, column, ALTER) for each column dead-lettering adds to an existing table: a
+    message's count of deliveries and its last handling error, and the same for a workflow's
+    failed passes (the scheduler's row, so a finished or cancelled workflow forgets them)."""
+    messages = EdgeNames(prefix).messages
+    return [
+        (messages, "deliveries", f"ALTER TABLE {messages} ADD COLUMN deliveries INTEGER NOT NULL DEFAULT 0"),
+        (messages, "last_error", f"ALTER TABLE {messages} ADD COLUMN last_error TEXT"),
+        ("workflow_queue", "failures", "ALTER TABLE workflow_queue ADD COLUMN failures INTEGER NOT NULL DEFAULT 0"),
+        ("workflow_queue", "last_error", "ALTER TABLE workflow_queue ADD COLUMN last_error TEXT"),
+    ]
+
+
+def dead_letter_tables(prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """The dead-letter table, the delivery count's trigger, and three views that make moving
+    into it and out of it ONE statement each (needs `dead_letter_columns` to exist).
+
+    A delivery is counted when a claim leases the message (never by a park or a give-back), by
+    every transport sharing the tables, harel 0.9's included. Each view is only inserted into;
+    its INSTEAD OF trigger does the writes, fenced in the database. See harel_edge/dead_letter.py.
+    """
+    n = EdgeNames(prefix)
+    dl = dead_letters_table(prefix)
+    p = n.prefix
+    held = "namespace = NEW.namespace AND workflow = NEW.workflow AND visible_at = NEW.visible_at AND generation = NEW.generation"
+    return [
+        # AUTOINCREMENT: an id an operator saw is never given to another dead letter after a purge.
+        f"CREATE TABLE IF NOT EXISTS {dl} ("
+        " id INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " kind TEXT NOT NULL,"  # 'message' or 'workflow'
+        " group_id TEXT, event TEXT, priority INT, routing_key TEXT, seq INTEGER,"  # a message's
+        " namespace TEXT, workflow TEXT,"  # a workflow's
+        " attempts INTEGER NOT NULL,"  # deliveries that failed, or failed passes
+        " last_error TEXT,"
+        " dead_at REAL NOT NULL)",
+        f"CREATE INDEX IF NOT EXISTS {dl}_by_seq ON {dl} (seq)",
+        f"CREATE TRIGGER IF NOT EXISTS {p}_transport_on_delivery AFTER UPDATE OF locked_by ON {n.messages}"
+        f" WHEN NEW.locked_by IS NOT NULL AND NEW.locked_by <> '{PARKED}' BEGIN"
+        f" UPDATE {n.messages} SET deliveries = deliveries + 1 WHERE seq = NEW.seq;"
+        f" END",
+        # A message over the limit, moved while its claim's token still holds it. `attempts`:
+        # the deliveries before the one that found it over the limit.
+        f"CREATE VIEW IF NOT EXISTS {p}_transport_bury (seq, token, at, held)"
+        " AS SELECT NULL, NULL, NULL, NULL WHERE 0",
+        f"CREATE TRIGGER IF NOT EXISTS {p}_transport_bury INSTEAD OF INSERT ON {p}_transport_bury BEGIN"
+        f" INSERT INTO {dl} (kind, group_id, event, priority, routing_key, seq, attempts, last_error, dead_at)"
+        f" SELECT 'message', m.group_id, m.event, COALESCE(g.priority, 0), g.routing_key, m.seq,"
+        f" MAX(m.deliveries - 1, 0), m.last_error, NEW.at"
+        f" FROM {n.messages} m LEFT JOIN {n.groups} g ON g.group_id = m.group_id"
+        f" WHERE m.seq = NEW.seq AND m.locked_by = NEW.token;"
+        f" DELETE FROM {n.messages} WHERE seq = NEW.seq AND locked_by = NEW.token;"
+        f" END",
+        # A failed pass, fenced on its delivery's receipt: counted, and at the limit (`dead`,
+        # computed by the INSERT's SELECT) moved out of the scheduler's queue.
+        f"CREATE VIEW IF NOT EXISTS {p}_workflow_failure"
+        " (namespace, workflow, visible_at, generation, error, at, failures, dead)"
+        " AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE 0",
+        f"CREATE TRIGGER IF NOT EXISTS {p}_workflow_failure INSTEAD OF INSERT ON {p}_workflow_failure BEGIN"
+        f" INSERT INTO {dl} (kind, namespace, workflow, attempts, last_error, dead_at)"
+        f" SELECT 'workflow', NEW.namespace, NEW.workflow, NEW.failures, NEW.error, NEW.at WHERE NEW.dead;"
+        f" DELETE FROM workflow_queue WHERE {held} AND NEW.dead;"
+        f" UPDATE workflow_queue SET failures = NEW.failures, last_error = NEW.error, generation = {QUEUE_BUMP}"
+        f" WHERE {held};"
+        f" END",
+        # Back where it came from, its count reset: a message at its group's tail (the publish
+        # view makes the group row if it is gone), a workflow in the scheduler's queue, now.
+        f"CREATE VIEW IF NOT EXISTS {p}_dead_letter_requeue (id, at, found)"
+        " AS SELECT NULL, NULL, NULL WHERE 0",
+        f"CREATE TRIGGER IF NOT EXISTS {p}_dead_letter_requeue INSTEAD OF INSERT ON {p}_dead_letter_requeue BEGIN"
+        f" INSERT INTO {n.publish_view} (group_id, event, priority, routing_key)"
+        f" SELECT group_id, event, priority, routing_key FROM {dl} WHERE id = NEW.id AND kind = 'message';"
+        f" INSERT INTO workflow_queue (namespace, workflow, visible_at)"
+        f" SELECT namespace, workflow, NEW.at FROM {dl} WHERE id = NEW.id AND kind = 'workflow'"
+        f" ON CONFLICT (namespace, workflow) DO UPDATE SET visible_at = MIN(visible_at, excluded.visible_at),"
+        f" generation = {QUEUE_BUMP}, failures = 0, last_error = NULL;"
+        f" DELETE FROM {dl} WHERE id = NEW.id;"
+        f" END",
+    ]
+
+
+def _add_dead_letters(execute: Execute, prefix: str) -> None:
+    for table, column, alter in dead_letter_columns(prefix):
+        _add_column(execute, table, column, alter)
+    for statement in dead_letter_tables(prefix):
+        execute(statement)
+
+
 def migration_sql(prefix: str = DEFAULT_PREFIX) -> list[str]:
     """The whole schema as a migration tool should run it on a NEW database, in order.
 
@@ -237,6 +333,8 @@ def migration_sql(prefix: str = DEFAULT_PREFIX) -> list[str]:
         *transport_tables(prefix),
         *transport_additions(prefix),
         *durable_tables(),
+        *(alter for _table, _column, alter in dead_letter_columns(prefix)),
+        *dead_letter_tables(prefix),
         f"PRAGMA user_version = {SCHEMA_VERSION}",
     ]
 
@@ -266,6 +364,7 @@ def migrate(execute: Execute, prefix: str = DEFAULT_PREFIX) -> int:
     _add_column(execute, "workflow_queue", "generation", queue_generation_upgrade())
     for statement in durable[3:]:
         execute(statement)
+    _add_dead_letters(execute, prefix)
     if found < SCHEMA_VERSION:
         execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     return found

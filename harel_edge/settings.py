@@ -40,6 +40,12 @@ SERVER_SCHEMES = ("http", "https", "libsql", "ws", "wss")
 
 DEFAULT_ASYNC_PROCESSES = 8
 
+# Ten failed handlings are at least nine of harel's 5 s rechecks apart (45 s and more of a failure
+# that every attempt meets), which an outage (claims fail too, so little is delivered) or a
+# worker's crash does not reach; and a poison message stops blocking its group within a minute or
+# two instead of never. 0 turns dead-lettering off.
+DEFAULT_MAX_DELIVERIES = 10
+
 # The range of sync_interval (docs/tuning.md has the measurements). The floor is where the
 # background sync starts to cost more than it buys: at 0.05 s one idle replica took ~1% of a core
 # on its machine and ~2% of the primary's (0.01 s: ~4% and ~7.5%), and every replica of a fleet
@@ -146,6 +152,11 @@ class EdgeSettings(BaseSettings):
         "the last commits on an OS crash.",
     )
     visibility: float = Field(default=30.0, description="Seconds a claimed message stays leased.")
+    max_deliveries: int = Field(
+        default=DEFAULT_MAX_DELIVERIES,
+        description="Deliveries of a message whose handling failed (or failed passes of a durable "
+        "workflow) after which the worker moves it to the dead-letter table; 0: never.",
+    )
     routing_keys: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(), description="Comma-separated routing keys this worker claims; empty: any group."
     )
@@ -254,6 +265,16 @@ class EdgeSettings(BaseSettings):
     def _non_negative(cls, value: int, info: Any) -> int:
         if value < (1 if info.field_name == "retry_attempts" else 0):
             raise ValueError(f"{_env(info.field_name)}={value} is out of range: set a positive whole number")
+        return value
+
+    @field_validator("max_deliveries")
+    @classmethod
+    def _delivery_limit(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError(
+                f"HAREL_EDGE_MAX_DELIVERIES={value} is out of range: set a whole number of deliveries "
+                f"(default {DEFAULT_MAX_DELIVERIES}), or 0 never to dead-letter"
+            )
         return value
 
     @field_validator("worker_id")

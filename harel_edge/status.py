@@ -399,6 +399,15 @@ def workflow_status(execute: Execute) -> dict[str, Any]:
     return {"namespaces": namespaces, "claimed": int(claimed_total), "finished": int(finished)}
 
 
+def dead_letter_status(execute: Execute, prefix: str) -> dict[str, Any]:
+    """How many dead letters there are, of each kind: one read of a table that stays small."""
+    rows = execute(
+        f"SELECT sum(kind = 'message'), sum(kind = 'workflow'), min(dead_at) FROM {schema.dead_letters_table(prefix)}"
+    )
+    messages, workflows, oldest = rows[0] if rows else (0, 0, None)
+    return {"messages": int(messages or 0), "workflows": int(workflows or 0), "oldest_at": oldest}
+
+
 # ---- doctor's checks ---------------------------------------------------------------------------
 
 Level = Literal["ok", "warn", "fail", "skip"]

@@ -44,7 +44,7 @@ from harel_edge.errors import ConfigurationError
 from harel_edge.event_path import EventPath, EventStore, EventTransport
 from harel_edge.executor import blocking_execute, open_executor
 from harel_edge.settings import EdgeSettings
-from harel_edge.status import check_usable, database_facts, inspect_file, queue_status
+from harel_edge.status import check_usable, database_facts, dead_letter_status, inspect_file, queue_status
 from harel_edge.store import store_tables
 
 log = structlog.get_logger("harel_edge.worker")
@@ -133,6 +133,7 @@ class WorkerReport:
     acks: int = 0
     nacks: int = 0
     lost: int = 0
+    dead_letters: int = 0
     released_on_stop: int = 0
     groups: dict[str, int] = field(default_factory=dict)
     passes: dict[str, int] = field(default_factory=dict)
@@ -168,6 +169,18 @@ class _MeteredCheckpointer(LibsqlCheckpointer):
         observability.WORKFLOW_STEPS.labels(self.namespace, kind).inc()
         if self.report is not None:
             self.report.steps += 1
+
+
+class EdgeAsyncWorker(AsyncWorker):
+    """harel's async worker, telling the transport when handling a message raised, so the nack
+    harel's loop then sends records the error and keeps the delivery counted for dead-lettering."""
+
+    async def _handle(self, lease) -> bool:  # noqa: ANN001 - harel's Lease
+        try:
+            return await super()._handle(lease)
+        except Exception as exc:
+            self.transport.failed(lease, exc)
+            raise
 
 
 class _MeteredDurableWorker(DurableWorker):
@@ -272,13 +285,18 @@ async def run_worker(
         executor = open_executor(settings, local_runner=database)
         path = EventPath(executor, settings)
         transport = EventTransport(
-            path, concurrency=options.concurrency, prefetch=True, report=report, count_groups=options.group_counts
+            path,
+            concurrency=options.concurrency,
+            prefetch=True,
+            report=report,
+            count_groups=options.group_counts,
+            max_deliveries=settings.max_deliveries,
         )
         store = EventStore(path)
 
         tasks: list[asyncio.Task] = []
         if definitions:
-            harel_worker = AsyncWorker(
+            harel_worker = EdgeAsyncWorker(
                 store,
                 transport,
                 definitions,
@@ -300,7 +318,9 @@ async def run_worker(
             scheduler = LibsqlScheduler(
                 database, namespace=spec.namespace, poll=timedelta(seconds=options.poll)
             )
-            loop = _MeteredDurableWorker(LibsqlDurable(checkpointer, scheduler), fn)
+            loop = _MeteredDurableWorker(
+                LibsqlDurable(checkpointer, scheduler), fn, max_failed_passes=settings.max_deliveries
+            )
             loop.namespace, loop.report = spec.namespace, report
             tasks.append(
                 asyncio.create_task(
@@ -351,6 +371,7 @@ async def run_worker(
         claims=report.claims,
         acks=report.acks,
         nacks=report.nacks,
+        dead_letters=report.dead_letters,
         released=report.released_on_stop,
         passes=report.passes,
     )
@@ -422,6 +443,12 @@ async def _sample(database: Database, executor: Any, settings: EdgeSettings, eve
                     observability.QUEUE_DEPTH.labels(str(row["priority"]), state).inc(row[state])
         except Exception as exc:  # noqa: BLE001 - sampling is best effort
             log.debug("queue sample failed", error=str(exc)[:200])
+        try:
+            dead = await asyncio.to_thread(dead_letter_status, execute, settings.prefix)
+            observability.DEAD_LETTERS.labels("message").set(dead["messages"])
+            observability.DEAD_LETTERS.labels("workflow").set(dead["workflows"])
+        except Exception as exc:  # noqa: BLE001 - sampling is best effort
+            log.debug("dead-letter sample failed", error=str(exc)[:200])
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every)
 

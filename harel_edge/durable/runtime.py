@@ -38,16 +38,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from harel_edge import observability
 from harel_edge.durable.checkpointer import LibsqlEffect
 from harel_edge.durable.durable import LibsqlDurable
 from harel_edge.durable.types import INBOX, Delivery, FencedError, Pass, from_seconds, now_utc, to_seconds
 from harel_edge.ids import refuse_nul
+from harel_edge.settings import DEFAULT_MAX_DELIVERIES
 
 log = logging.getLogger(__name__)
 
 BUDGET = timedelta(minutes=15)  # the longest one pass may hold its workflow
 ALIVE = timedelta(seconds=30)  # how long a pass keeps it without a renewal
 RESULT = "$result"  # the key of a finished workflow's return value
+MAX_ERROR_CHARS = 4000  # of a failed pass's error, kept on its queue row and in its dead letter
 _RESERVED = ("$", INBOX)
 
 
@@ -320,6 +323,8 @@ class DurableWorker:
     One function per scheduler namespace: `fn` gets every workflow of the namespace (use
     `ctx.workflow` to tell them apart, or one namespace per kind of workflow).
     `busy_retry` is how soon a workflow found held by another pass is looked at again.
+    After `max_failed_passes` passes in a row that raised (0: never) the workflow is moved to
+    the dead-letter table and no longer scheduled; a pass that sleeps clears the count.
     """
 
     durable: LibsqlDurable
@@ -327,6 +332,7 @@ class DurableWorker:
     budget: timedelta = BUDGET
     alive: timedelta = ALIVE
     busy_retry: timedelta = timedelta(seconds=1)
+    max_failed_passes: int = DEFAULT_MAX_DELIVERIES
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Run passes until `stop` is set (or the task is cancelled); errors are logged, not fatal."""
@@ -356,15 +362,41 @@ class DurableWorker:
             return Busy()
         box: list[Delivery | None] = [delivery]
         outcome: Outcome | None = None
+        failure: Exception | None = None
         try:
             outcome = await _run_pass(self.durable, holder, self.fn, self.alive, box)
+        except Exception as exc:  # noqa: BLE001 - counted below, then raised as it was
+            failure = exc
         finally:
             if not isinstance(outcome, Lost):
                 await self.durable.checkpointer.release(holder)
         current = box[0]
         assert current is not None
+        if failure is not None:
+            await self._failed(current, failure)
+            raise failure
         if isinstance(outcome, Sleeping):
             await scheduler.wake_at(current, outcome.until)
         elif isinstance(outcome, Finished | Waiting):
             await scheduler.done(current)
         return outcome
+
+    async def _failed(self, delivery: Delivery, error: Exception) -> None:
+        """Count the failed pass on the scheduler's row (dead-lettering it at the limit). Best
+        effort: if this write fails too, the pass is simply not counted."""
+        text = f"{type(error).__name__}: {error}"[:MAX_ERROR_CHARS]
+        scheduler = self.durable.scheduler
+        try:
+            recorded = await scheduler.failed(delivery, text, self.max_failed_passes)
+        except Exception:  # noqa: BLE001 - the pass's own error is what the caller sees
+            log.warning("could not count the failed pass of workflow %r", delivery.workflow, exc_info=True)
+            return
+        if recorded is not None and recorded[1]:
+            observability.DEAD_LETTERED.labels("workflow").inc()
+            log.warning(
+                "dead-lettered workflow %r of namespace %r after %d failed passes: %s",
+                delivery.workflow,
+                scheduler.namespace,
+                recorded[0],
+                text[:300],
+            )

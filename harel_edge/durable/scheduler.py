@@ -66,7 +66,8 @@ _UNTIL_NEXT = f"SELECT MIN(visible_at) - t.now FROM workflow_queue, {_NOW.format
 # The receipt: the visibility and the generation the delivery was given, both still the row's.
 _HELD = "namespace = ?1 AND workflow = ?2 AND visible_at = ?3 AND generation = ?4"
 
-_WAKE_AT = f"UPDATE workflow_queue SET visible_at = ?5 WHERE {_HELD}"
+# A pass that ends well (asleep) also clears the count of failed passes before it.
+_WAKE_AT = f"UPDATE workflow_queue SET visible_at = ?5, failures = 0, last_error = NULL WHERE {_HELD}"
 
 _EXTEND = f"""
 UPDATE workflow_queue SET visible_at = t.now + ?5
@@ -76,6 +77,18 @@ RETURNING visible_at
 """
 
 _DONE = f"DELETE FROM workflow_queue WHERE {_HELD}"
+
+# A failed pass, through the `<prefix>_workflow_failure` view (schema.dead_letter_tables): the
+# count and the error are written while the receipt holds, and at the limit (?6 > 0) the row
+# moves to the dead-letter table. The generation is bumped, so a retry of a write that landed
+# finds no receipt and counts nothing twice.
+_FAILED = """
+INSERT INTO {view} (namespace, workflow, visible_at, generation, error, at, failures, dead)
+SELECT ?1, ?2, ?3, ?4, ?5, t.now, q.failures + 1, (?6 > 0 AND q.failures + 1 >= ?6)
+FROM workflow_queue q, {now}
+WHERE q.namespace = ?1 AND q.workflow = ?2 AND q.visible_at = ?3 AND q.generation = ?4
+RETURNING failures, dead
+"""
 _CANCEL = "DELETE FROM workflow_queue WHERE namespace = ?1 AND workflow = ?2"
 
 @dataclass(eq=False)
@@ -203,6 +216,20 @@ class LibsqlScheduler:
         """
         refuse_nul(workflow, "workflow id")
         await self._call("durable.cancel", execute, _CANCEL, (self.namespace, workflow))
+
+    async def failed(self, delivery: Delivery, error: str, limit: int) -> tuple[int, bool] | None:
+        """Count a pass of the delivered workflow that raised `error`; at `limit` failed passes
+        in a row (0: never) move it to the dead-letter table, so nothing schedules it again.
+
+        Returns (failed passes, dead-lettered), or None when the row no longer carries this
+        delivery's receipt (rescheduled or cancelled meanwhile: that newer write decides).
+        """
+        prefix = self.database.connection.settings.prefix
+        sql = _FAILED.format(view=f"{prefix}_workflow_failure", now=_NOW.format(n=7))
+        rows = await self._call(
+            "durable.failed", execute, sql, (*self._receipt(delivery), error, limit, self._at())
+        )
+        return (int(rows[0][0]), bool(rows[0][1])) if rows else None
 
     async def done(self, delivery: Delivery) -> None:
         """Drop the workflow, unless something asked for another pass while this one ran."""

@@ -30,6 +30,11 @@ def test_with_nothing_set_the_profile_is_a_local_file(monkeypatch):
     assert (s.profile, s.db_path, s.durability, s.prefix) == ("local", "harel_edge.db", "full", "harel")
 
 
+def test_a_message_is_dead_lettered_after_ten_failed_deliveries_unless_told_otherwise(monkeypatch):
+    assert load(monkeypatch).max_deliveries == 10
+    assert load(monkeypatch, HAREL_EDGE_MAX_DELIVERIES="0").max_deliveries == 0, "0: never"
+
+
 def test_settings_are_read_when_loaded_not_at_import(monkeypatch):
     monkeypatch.setenv("HAREL_EDGE_PREFIX", "first")
     assert EdgeSettings.load().prefix == "first"
@@ -95,6 +100,7 @@ def test_the_token_never_appears_in_repr_str_or_config_show(monkeypatch):
         ({"HAREL_EDGE_RETRY_ATTEMPTS": "0"}, "HAREL_EDGE_RETRY_ATTEMPTS", "positive whole number"),
         ({"HAREL_EDGE_RETRY_MAX_DELAY": "0"}, "HAREL_EDGE_RETRY_MAX_DELAY", "positive number of seconds"),
         ({"HAREL_EDGE_WORKER_ID": "edge#1"}, "HAREL_EDGE_WORKER_ID", "without '#'"),
+        ({"HAREL_EDGE_MAX_DELIVERIES": "-1"}, "HAREL_EDGE_MAX_DELIVERIES", "or 0 never to dead-letter"),
     ],
 )
 def test_a_wrong_setting_fails_at_start_naming_the_variable(monkeypatch, env, variable, advice):
