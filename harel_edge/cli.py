@@ -1036,20 +1036,20 @@ def dead_letter_requeue(
 def dead_letter_purge(
     ctx: typer.Context,
     dead_letter_id: int | None = typer.Argument(None, metavar="ID", help="The dead letter's id (from `list`)."),
-    purge_all: bool = typer.Option(False, "--all", help="Every dead letter (of --kind, if given)."),
+    everything: bool = typer.Option(False, "--all", help="Every dead letter (of --kind, if given)."),
     kind: str | None = typer.Option(None, "--kind", help="With --all: only this kind, message or workflow."),
 ) -> None:
     """Delete one dead letter (ID) or all of them (--all), for good."""
-    from harel_edge.dead_letter import purge, purge_all as purge_every  # noqa: PLC0415
+    from harel_edge.dead_letter import purge, purge_all  # noqa: PLC0415
 
     settings = ctx.obj.settings()
-    if (dead_letter_id is None) == (not purge_all):
+    if (dead_letter_id is None) == (not everything):
         raise ConfigurationError("give a dead letter's ID or --all (not both)")
-    if kind is not None and not purge_all:
+    if kind is not None and not everything:
         raise ConfigurationError("--kind goes with --all")
-    if purge_all:
+    if everything:
         kind = _kind_option(kind)
-        count = _with_writer(settings, lambda execute: purge_every(execute, settings.prefix, kind=kind))
+        count = _with_writer(settings, lambda execute: purge_all(execute, settings.prefix, kind=kind))
         out.print(f"purged {count} dead letter{'' if count == 1 else 's'}", markup=False)
         return
     wanted = _dead_letter_id(dead_letter_id)  # type: ignore[arg-type]
