@@ -14,6 +14,7 @@ See docs/executor.md and docs/consistency.md.
 from __future__ import annotations
 
 import json
+import secrets
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -41,7 +42,15 @@ from harel_edge import observability, retry
 from harel_edge.executor import Executor, Result, StatementError, Stmt
 from harel_edge.schema import DB_NOW, PARKED, EdgeNames, dead_letters_table
 from harel_edge.settings import EdgeSettings
-from harel_edge.transport import BATCH_ROWS, Message, _claim_sql, _row, claim_params
+from harel_edge.transport import (
+    BATCH_ROWS,
+    Message,
+    _claim_sql,
+    _row,
+    claim_params,
+    publish_statement,
+    published_sql,
+)
 
 log = structlog.get_logger("harel_edge.event_path")
 
@@ -149,17 +158,17 @@ class EventTransport:
         await self.publish_many([Message(group_id, event, priority, routing_key)])
 
     async def publish_many(self, messages: Iterable[Message | tuple]) -> int:
-        """All or none, in order; one unit of work (one statement up to BATCH_ROWS messages)."""
+        """All or none, in order; one unit of work (one statement up to BATCH_ROWS messages).
+        Idempotent on each event id within `publish_window` (see `LibsqlTransport.publish_many`)."""
         rows = [_row(item) for item in messages]
         if not rows:
             return 0
         q = self.path.queue
-        stmts = []
-        for i in range(0, len(rows), BATCH_ROWS):
-            chunk = rows[i : i + BATCH_ROWS]
-            values = ", ".join(["(?, ?, ?, ?)"] * len(chunk))
-            sql = f"INSERT INTO {q.publish_view} (group_id, event, priority, routing_key) VALUES {values}"
-            stmts.append(Stmt(sql, tuple(v for row in chunk for v in row)))
+        now, window, batch = self.path.now(), self.path.settings.publish_window, secrets.token_hex(8)
+        stmts = [
+            Stmt(*publish_statement(q, rows[i : i + BATCH_ROWS], now, window, batch))
+            for i in range(0, len(rows), BATCH_ROWS)
+        ]
 
         async def attempt() -> bool:
             if len(stmts) == 1:
@@ -169,10 +178,8 @@ class EventTransport:
             return True
 
         async def resolve() -> bool | None:
-            found = await self.path.execute(
-                f"SELECT 1 FROM {q.messages} WHERE group_id = ? AND event = ? LIMIT 1", rows[0][0], rows[0][1]
-            )
-            return True if found.rows else None
+            found = await self.path.execute(published_sql(q), rows[0][0], rows[0][4])
+            return True if found.rows and found.rows[0][0] == batch else None
 
         await self.path.run("publish", attempt, resolve)
         return len(rows)

@@ -9,12 +9,15 @@ what makes it one round trip to a remote primary and atomic without an interacti
 transaction (measured, docs/transport.md: interactive transactions through embedded replicas deadlock until
 sqld's 5 s timeout and leave ambiguous commits behind):
 
-- a view, `<prefix>_transport_publish`, whose INSTEAD OF INSERT trigger writes the group row
-  (first publish wins: INSERT OR IGNORE) and then the message, so a publish, or a batch of them
-  as one multi-row INSERT, is a single statement;
-- a trigger that stamps the group's `last_claimed_at` with the lease's deadline when its head is
-  leased or parked, so the claim's single UPDATE also advances the round-robin, and groups in
-  flight sort behind free ones;
+- a view, `<prefix>_transport_publish_once`, whose INSTEAD OF INSERT trigger writes the group
+  row (first publish wins: INSERT OR IGNORE), then the message, and records the event id in
+  `<prefix>_transport_published`, skipping an event id its group already had within the window,
+  so a publish, or a batch of them as one multi-row INSERT, is a single idempotent statement
+  (version 5's `<prefix>_transport_publish` stays, for what inserts into it unguarded);
+- triggers that keep each group's `claimable_at` (when its head is next claimable: NULL when it
+  is free, else the lease's or the park's end) and, on a claim only, stamp `last_claimed_at` with
+  the claim time, so the claim's single UPDATE also advances the round-robin, and the claim
+  walks free groups without stepping over those in flight;
 - a trigger that drops a group row when its last message is deleted, so ack is one DELETE.
 
 The version lives in `PRAGMA user_version`, one number for the file. A file whose number is
@@ -75,16 +78,36 @@ class EdgeNames:
         return f"{self.prefix}_transport_publish"
 
     @property
+    def publish_once_view(self) -> str:
+        return f"{self.prefix}_transport_publish_once"
+
+    @property
+    def published(self) -> str:
+        return f"{self.prefix}_transport_published"
+
+    @property
     def claim_trigger(self) -> str:
-        return f"{self.prefix}_transport_on_claim"
+        return f"{self.prefix}_transport_on_claim_v6"
+
+    @property
+    def lock_trigger(self) -> str:
+        return f"{self.prefix}_transport_on_lock"
+
+    @property
+    def settle_trigger(self) -> str:
+        return f"{self.prefix}_transport_on_settle"
 
     @property
     def drain_trigger(self) -> str:
         return f"{self.prefix}_transport_on_drain"
 
     @property
+    def free_index(self) -> str:
+        return f"{self.prefix}_transport_groups_by_claimable"
+
+    @property
     def routing_index(self) -> str:
-        return f"{self.prefix}_transport_groups_by_routing_key"
+        return f"{self.prefix}_transport_groups_by_key_claimable"
 
 
 def transport_tables(prefix: str = DEFAULT_PREFIX) -> list[str]:
@@ -112,11 +135,40 @@ def routing_upgrade(prefix: str = DEFAULT_PREFIX) -> str:
     return f"ALTER TABLE {EdgeNames(prefix).groups} ADD COLUMN routing_key TEXT"
 
 
-def transport_additions(prefix: str = DEFAULT_PREFIX) -> list[str]:
-    """What harel_edge adds to the transport tables; needs `routing_key` to exist."""
+def claim_time_columns(prefix: str = DEFAULT_PREFIX) -> list[tuple[str, str, str]]:
+    """(table, column, ALTER) for the two columns schema 6 adds to the transport tables: when a
+    group's head is next claimable (NULL: now), and a message's last claim time, which carries
+    the claim's clock to the trigger that stamps the group's `last_claimed_at`."""
     n = EdgeNames(prefix)
     return [
-        f"CREATE INDEX IF NOT EXISTS {n.routing_index} ON {n.groups} (routing_key, last_claimed_at)",
+        (n.groups, "claimable_at", f"ALTER TABLE {n.groups} ADD COLUMN claimable_at REAL"),
+        (n.messages, "claimed_at", f"ALTER TABLE {n.messages} ADD COLUMN claimed_at REAL"),
+    ]
+
+
+def claimable_backfill(prefix: str = DEFAULT_PREFIX) -> str:
+    """Once, when `claimable_at` is added to a queue in use: each group's from its head's lock."""
+    n = EdgeNames(prefix)
+    return (
+        f"UPDATE {n.groups} SET claimable_at = (SELECT m.lock_expiry FROM {n.messages} m"
+        f" WHERE m.seq = (SELECT MIN(seq) FROM {n.messages} WHERE group_id = {n.groups}.group_id)"
+        f" AND m.locked_by IS NOT NULL)"
+    )
+
+
+def transport_additions(prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """What harel_edge adds to the transport tables; needs `routing_key` and
+    `claim_time_columns` to exist."""
+    n = EdgeNames(prefix)
+    seen = f"(SELECT 1 FROM {n.published} WHERE group_id = NEW.group_id AND event_id = NEW.event_id)"
+    at = f"COALESCE(NEW.now, {DB_NOW})"
+    return [
+        # The claim walks free groups (claimable_at IS NULL) of one priority (and one key) in
+        # round-robin order, and groups whose lease or park has ended by claimable_at.
+        f"CREATE INDEX IF NOT EXISTS {n.free_index} ON {n.groups} (claimable_at, priority, last_claimed_at)",
+        f"CREATE INDEX IF NOT EXISTS {n.routing_index} ON {n.groups}"
+        " (routing_key, claimable_at, priority, last_claimed_at)",
+        f"DROP INDEX IF EXISTS {n.prefix}_transport_groups_by_routing_key",  # version 5's
         # Never returns rows: it exists to be inserted into. Its columns are a publish's inputs.
         f"CREATE VIEW IF NOT EXISTS {n.publish_view} AS"
         f" SELECT m.group_id, m.event, g.priority, g.routing_key"
@@ -128,13 +180,54 @@ def transport_additions(prefix: str = DEFAULT_PREFIX) -> list[str]:
         f" VALUES (NEW.group_id, COALESCE(NEW.priority, 0), NEW.routing_key);"
         f" INSERT INTO {n.messages} (group_id, event) VALUES (NEW.group_id, NEW.event);"
         f" END",
-        # A lease or a park stamps the group with its deadline. Round-robin order is unchanged
-        # (with one visibility, deadlines sort as claim times do), and a group in flight sorts
-        # AFTER every free group, so the claim's walk finds a free group first however many are
-        # in flight. The deadline is the claim's own clock (injected, or the database's).
-        f"CREATE TRIGGER IF NOT EXISTS {n.claim_trigger} AFTER UPDATE OF locked_by ON {n.messages}"
-        f" WHEN NEW.locked_by IS NOT NULL BEGIN"
-        f" UPDATE {n.groups} SET last_claimed_at = NEW.lock_expiry WHERE group_id = NEW.group_id;"
+        # The event ids each group was sent, kept until `expires_at` (the publish's window).
+        f"CREATE TABLE IF NOT EXISTS {n.published} ("
+        " group_id TEXT NOT NULL,"
+        " event_id TEXT NOT NULL,"
+        " published_at REAL NOT NULL,"
+        " expires_at REAL NOT NULL,"
+        " batch TEXT,"  # the publish call's token: how a retry tells its own landed publish
+        " PRIMARY KEY (group_id, event_id)) WITHOUT ROWID",
+        f"CREATE INDEX IF NOT EXISTS {n.published}_by_expiry ON {n.published} (expires_at)",
+        f"CREATE VIEW IF NOT EXISTS {n.publish_once_view}"
+        " (group_id, event, priority, routing_key, event_id, now, keep_for, batch)"
+        " AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE 0",
+        # A publish whose event id its group had within the window writes nothing, so a retry
+        # of an ambiguous publish cannot queue the event again, even after it was consumed.
+        # An expired record of the id is forgotten first, and two more expired ones pruned.
+        f"CREATE TRIGGER IF NOT EXISTS {n.publish_once_view} INSTEAD OF INSERT ON {n.publish_once_view} BEGIN"
+        f" DELETE FROM {n.published} WHERE group_id = NEW.group_id AND event_id = NEW.event_id"
+        f" AND expires_at <= {at};"
+        f" INSERT OR IGNORE INTO {n.groups} (group_id, priority, routing_key)"
+        f" SELECT NEW.group_id, COALESCE(NEW.priority, 0), NEW.routing_key WHERE NOT EXISTS {seen};"
+        f" INSERT INTO {n.messages} (group_id, event) SELECT NEW.group_id, NEW.event WHERE NOT EXISTS {seen};"
+        f" INSERT OR IGNORE INTO {n.published} (group_id, event_id, published_at, expires_at, batch)"
+        f" VALUES (NEW.group_id, NEW.event_id, {at}, {at} + NEW.keep_for, NEW.batch);"
+        f" DELETE FROM {n.published} WHERE (group_id, event_id) IN (SELECT group_id, event_id"
+        f" FROM {n.published} WHERE expires_at <= {at} ORDER BY expires_at LIMIT 2);"
+        f" END",
+        # A claim (only harel_edge's sets claimed_at) stamps its group with the claim time, as
+        # the spec's round-robin says, and with its lease's end; and frees (claimable_at NULL)
+        # the groups whose lease or park has ended since, each once, so that the claim's walk of
+        # those stays short.
+        f"DROP TRIGGER IF EXISTS {n.prefix}_transport_on_claim",  # version 5's: stamped the deadline
+        f"CREATE TRIGGER IF NOT EXISTS {n.claim_trigger} AFTER UPDATE OF claimed_at ON {n.messages}"
+        f" WHEN NEW.claimed_at IS NOT NULL BEGIN"
+        f" UPDATE {n.groups} SET last_claimed_at = NEW.claimed_at, claimable_at = NEW.lock_expiry"
+        f" WHERE group_id = NEW.group_id;"
+        f" UPDATE {n.groups} SET claimable_at = NULL WHERE claimable_at < NEW.claimed_at;"
+        f" END",
+        # Any other lock change (a park, a give-back, harel's own claim, which stamps
+        # last_claimed_at itself) moves only claimable_at; a park leaves the last claim as it was.
+        f"CREATE TRIGGER IF NOT EXISTS {n.lock_trigger} AFTER UPDATE OF locked_by, lock_expiry ON {n.messages}"
+        f" WHEN NEW.claimed_at IS OLD.claimed_at BEGIN"
+        f" UPDATE {n.groups} SET claimable_at = CASE WHEN NEW.locked_by IS NULL THEN NULL ELSE NEW.lock_expiry END"
+        f" WHERE group_id = NEW.group_id;"
+        f" END",
+        # A held head deleted (an ack): the group's next head is free.
+        f"CREATE TRIGGER IF NOT EXISTS {n.settle_trigger} AFTER DELETE ON {n.messages}"
+        f" WHEN OLD.locked_by IS NOT NULL BEGIN"
+        f" UPDATE {n.groups} SET claimable_at = NULL WHERE group_id = OLD.group_id;"
         f" END",
         f"CREATE TRIGGER IF NOT EXISTS {n.drain_trigger} AFTER DELETE ON {n.messages} BEGIN"
         f" DELETE FROM {n.groups} WHERE group_id = OLD.group_id"
@@ -327,10 +420,12 @@ def migration_sql(prefix: str = DEFAULT_PREFIX) -> list[str]:
 
     On a database made by harel 0.9 (no routing_key), run `routing_upgrade(prefix)` once
     between the tables and the additions; on one made by schema version 5, also
-    `queue_generation_upgrade()`. `harel-edge migrate --print-sql` prints this.
+    `queue_generation_upgrade()`; on a queue in use, `claimable_backfill(prefix)` after it, so
+    its groups in flight stay in flight. `harel-edge migrate --print-sql` prints this.
     """
     return [
         *transport_tables(prefix),
+        *(alter for _table, _column, alter in claim_time_columns(prefix)),
         *transport_additions(prefix),
         *durable_tables(),
         *(alter for _table, _column, alter in dead_letter_columns(prefix)),
@@ -356,6 +451,7 @@ def migrate(execute: Execute, prefix: str = DEFAULT_PREFIX) -> int:
     for statement in transport_tables(prefix):
         execute(statement)
     _add_routing_key(execute, prefix)
+    _add_claim_time(execute, prefix)
     for statement in transport_additions(prefix):
         execute(statement)
     durable = durable_tables()
@@ -391,13 +487,24 @@ def _add_routing_key(execute: Execute, prefix: str) -> None:
     _add_column(execute, EdgeNames(prefix).groups, "routing_key", routing_upgrade(prefix))
 
 
-def _add_column(execute: Execute, table: str, column: str, alter: str) -> None:
-    """SQLite has no ADD COLUMN IF NOT EXISTS: look, add, and accept losing a race to add it."""
+def _add_claim_time(execute: Execute, prefix: str) -> None:
+    """The claim-time columns; the process that adds `claimable_at` fills it in for the groups
+    already in flight (otherwise the claim would step over them until they settle)."""
+    added = [_add_column(execute, table, column, alter) for table, column, alter in claim_time_columns(prefix)]
+    if added[0]:
+        execute(claimable_backfill(prefix))
+
+
+def _add_column(execute: Execute, table: str, column: str, alter: str) -> bool:
+    """SQLite has no ADD COLUMN IF NOT EXISTS: look, add, and accept losing a race to add it.
+    True when this call added it."""
     columns = execute(f"SELECT cid, name FROM pragma_table_info('{table}')")
     if any(row[1] == column for row in columns):
-        return
+        return False
     try:
         execute(alter)
     except Exception as exc:  # noqa: BLE001 - re-raised unless it is the race we expect
         if "duplicate column" not in str(exc).lower():
             raise
+        return False
+    return True

@@ -40,6 +40,11 @@ SERVER_SCHEMES = ("http", "https", "libsql", "ws", "wss")
 
 DEFAULT_ASYNC_PROCESSES = 8
 
+# The publish window's range: at least a retry's whole default deadline (60 s) past the first
+# attempt, at most a year (the table keeps one row an event for the window).
+MIN_PUBLISH_WINDOW = 60.0
+MAX_PUBLISH_WINDOW = 365 * 86400.0
+
 # Ten failed handlings are at least nine of harel's 5 s rechecks apart (45 s and more of a failure
 # that every attempt meets), which an outage (claims fail too, so little is delivered) or a
 # worker's crash does not reach; and a poison message stops blocking its group within a minute or
@@ -165,6 +170,11 @@ class EdgeSettings(BaseSettings):
     retry_initial_delay: float = Field(default=0.05, description="First backoff delay, seconds.")
     retry_max_delay: float = Field(default=5.0, description="Cap on one backoff delay, seconds.")
     retry_deadline: float = Field(default=60.0, description="Cap on the time one operation may retry.")
+    publish_window: float = Field(
+        default=86400.0,
+        description="Seconds a group remembers an event id it was sent: publishing the same event "
+        "to it again within them (a retry of an ambiguous publish) queues nothing.",
+    )
     async_processes: int = Field(
         default=DEFAULT_ASYNC_PROCESSES,
         description="Worker processes (one connection each) behind the async transport on sqld and "
@@ -251,6 +261,17 @@ class EdgeSettings(BaseSettings):
             raise ValueError(f"{_env(info.field_name)}={value} must be a positive number of seconds")
         return value
 
+    @field_validator("publish_window")
+    @classmethod
+    def _window(cls, value: float) -> float:
+        # Shorter than a retry's back-off, a lost answer could be published twice after all.
+        if not math.isfinite(value) or not MIN_PUBLISH_WINDOW <= value <= MAX_PUBLISH_WINDOW:
+            raise ValueError(
+                f"HAREL_EDGE_PUBLISH_WINDOW={value} is out of range: set {MIN_PUBLISH_WINDOW:g} to "
+                f"{MAX_PUBLISH_WINDOW:.0f} seconds (default 86400, a day)"
+            )
+        return value
+
     @field_validator("async_processes")
     @classmethod
     def _process_count(cls, value: int) -> int:
@@ -287,6 +308,16 @@ class EdgeSettings(BaseSettings):
         return value
 
     # ---- the combination ---------------------------------------------------------------------
+
+    @model_validator(mode="after")
+    def _window_outlasts_retries(self) -> EdgeSettings:
+        if self.publish_window < self.retry_deadline:
+            raise ValueError(
+                f"HAREL_EDGE_PUBLISH_WINDOW={self.publish_window:g} is shorter than "
+                f"HAREL_EDGE_RETRY_DEADLINE={self.retry_deadline:g}: a publish retried after the window "
+                "could be queued twice; set the window at least as long as the deadline"
+            )
+        return self
 
     @model_validator(mode="after")
     def _coherent_profile(self) -> EdgeSettings:

@@ -25,7 +25,7 @@ Ambiguous writes. Each claim carries a fresh token in `locked_by` (`worker#token
 claim fails with a transient error, the primary may have applied it: before trying again the
 transport looks the token up on the primary and, if found, returns that lease instead of
 claiming a second message. Ack and nack are fenced by the same token and are idempotent, and
-a publish is looked up by its event before it is sent again.
+a publish is idempotent on its event id within `publish_window`: sent again, it queues nothing.
 """
 
 from __future__ import annotations
@@ -72,24 +72,74 @@ class Message:
 
 
 def _claim_sql(n: EdgeNames, routing_keys: int, *, many: bool = False, returning: str = "") -> str:
-    """The claim: the spec's selection (oldest-claimed deliverable group, ties by arrival,
-    priority floor) and its lease, in one statement; `many` leases the heads of up to `?` groups.
+    """The claim: the spec's selection (among groups with nothing in flight, priority floor and
+    keys, the one whose last claim is oldest, ties by arrival) and its lease, in one statement;
+    `many` leases the heads of up to `?` groups. Parameters: token, now, visibility,
+    min_priority, *routing_keys, now[, n].
 
-    "Nothing in flight" is tested on the group's head only. That is the spec's NOT EXISTS over
-    all the group's messages, made O(1): only a head is ever leased or parked (a claim takes
-    the MIN(seq) and seq only grows), so no other message of a group can hold a live lock.
-    Parameters: token, now, visibility, min_priority, *routing_keys, now[, n].
+    Its cost does not grow with the groups waiting, whatever it filters on: one LIMITed index
+    walk in round-robin order per (priority >= floor, key) over the free groups
+    (`claimable_at IS NULL`), and one over the groups whose lease or park has ended (and any
+    priority above 4), then the round-robin order over those few. "Nothing in flight" is tested
+    on the group's head: only a head is ever leased or parked (a claim takes MIN(seq)).
     """
-    routing = f" AND g.routing_key IN ({', '.join('?' * routing_keys)})" if routing_keys else ""
-    return (
-        f"UPDATE {n.messages} SET locked_by = ?, lock_expiry = {_NOW} + ? WHERE seq {'IN' if many else '='} ("
-        f" SELECT m.seq FROM {n.groups} g"
-        f" JOIN {n.messages} m ON m.seq = (SELECT MIN(seq) FROM {n.messages} WHERE group_id = g.group_id)"
-        f" WHERE g.priority >= ?{routing}"
-        f" AND (m.locked_by IS NULL OR m.lock_expiry < {_NOW})"
-        f" ORDER BY g.last_claimed_at, g.rowid LIMIT {'?' if many else '1'}"
-        f") RETURNING seq, group_id, event{returning}"
+    keys = [f"?{5 + i}" for i in range(routing_keys)]
+    now, limit = f"COALESCE(?{5 + routing_keys}, {DB_NOW})", f"?{6 + routing_keys}" if many else "1"
+    # INDEXED BY: a walk must never become a scan in last-claim order, whatever the statistics.
+    index = n.routing_index if keys else n.free_index
+    head = f"JOIN {n.messages} m ON m.seq = (SELECT MIN(seq) FROM {n.messages} WHERE group_id = g.group_id)"
+    free = f"(m.locked_by IS NULL OR m.lock_expiry < {now})"
+    order = f"ORDER BY g.last_claimed_at, g.rowid LIMIT {limit}"
+    # The priorities from the floor to 4, and the keys (UNION: a key given twice counts once).
+    ctes = "pr(p) AS (SELECT MAX(?4, 0) WHERE ?4 <= 4 UNION ALL SELECT p + 1 FROM pr WHERE p < 4)"
+    source, of_key = "pr", ""
+    if keys:
+        ctes += f", ks(k) AS ({' UNION '.join(f'SELECT {key}' for key in keys)})"
+        source, of_key = "pr CROSS JOIN ks", " AND g.routing_key = ks.k"
+    # No LATERAL in SQLite: each (priority, key)'s walk is a correlated IN subquery.
+    walks = (
+        f"SELECT g.last_claimed_at AS c, g.rowid AS r, m.seq AS seq FROM {source} CROSS JOIN {n.groups} g {head}"
+        f" WHERE g.rowid IN (SELECT g.rowid FROM {n.groups} g INDEXED BY {index} {head}"
+        f" WHERE g.claimable_at IS NULL AND g.priority = pr.p{of_key} AND {free} {order})"
     )
+    # The groups whose lease or park has ended (few: each claim frees those it finds), and
+    # those of a priority above 4 (none unless harel's own publish wrote one). Two walks, not an
+    # OR, which the planner may turn into a scan of every group of the key.
+    others = " UNION ALL ".join(
+        f"SELECT * FROM (SELECT g.last_claimed_at AS c, g.rowid AS r, m.seq AS seq"
+        f" FROM {'ks CROSS JOIN ' if keys else ''}{n.groups} g INDEXED BY {index} {head}"
+        f" WHERE {which}{of_key} AND g.priority >= MAX(?4, 0) AND {free} {order})"
+        for which in (f"g.claimable_at < {now}", f"g.claimable_at IS NULL AND g.priority > {MAX_PRIORITY}")
+    )
+    claim_now = f"COALESCE(?2, {DB_NOW})"
+    return (
+        f"UPDATE {n.messages} SET locked_by = ?1, claimed_at = {claim_now}, lock_expiry = {claim_now} + ?3"
+        f" WHERE seq IN (WITH RECURSIVE {ctes}"
+        f" SELECT seq FROM ({walks} UNION ALL {others}) ORDER BY c, r LIMIT {limit})"
+        f" RETURNING seq, group_id, event{returning}"
+    )
+
+
+def publish_statement(
+    n: EdgeNames, chunk: list[tuple], now: float | None, keep_for: float, batch: str
+) -> tuple[str, tuple]:
+    """One multi-row INSERT into the publish view for `chunk` (rows from `_row`). The view's
+    trigger skips an event id the group had within `keep_for` seconds, and records the others
+    with `batch`, the publish call's token. Plain `?`s: with numbered ones (`?12`) the driver
+    took 114 ms instead of 20 for 2,000 rows."""
+    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
+    sql = (
+        f"INSERT INTO {n.publish_once_view} (group_id, event, priority, routing_key, event_id, now, keep_for, batch)"
+        f" VALUES {values}"
+    )
+    return sql, tuple(value for row in chunk for value in (*row, now, keep_for, batch))
+
+
+def published_sql(n: EdgeNames) -> str:
+    """The batch token recorded for (group_id, event_id): after an ambiguous publish, its own
+    token means it landed (the batch is atomic); anything else, try again, which the view makes
+    harmless for the rows that did land before."""
+    return f"SELECT batch FROM {n.published} WHERE group_id = ? AND event_id = ?"
 
 
 def claim_params(
@@ -169,34 +219,35 @@ class LibsqlTransport:
     def publish_many(self, messages: Iterable[Message | tuple]) -> int:
         """Publish many events, in order, all or none: up to `BATCH_ROWS` they are one statement
         (one round trip); a larger batch is one transaction of such statements. Every message is
-        checked before anything is sent. Returns the count."""
+        checked before anything is sent. An event its group was already sent within
+        `settings.publish_window` is not queued again. Returns the count."""
         rows = [_row(item) for item in messages]
         if not rows:
             return 0
-        chunks = [rows[i : i + BATCH_ROWS] for i in range(0, len(rows), BATCH_ROWS)]
-        if len(chunks) == 1:
-            attempt = lambda: self._insert(rows) or True  # noqa: E731
-        else:
-            attempt = lambda: self._transaction(chunks) or True  # noqa: E731
-        # Either way the batch is atomic, so its first message tells whether it landed.
-        self._with_retry("publish", attempt, resolve=lambda: self._published(rows[0]))
+        batch = secrets.token_hex(8)
+        now = self._clock() if self._clock is not None else None
+        stmts = [
+            publish_statement(self._n, rows[i : i + BATCH_ROWS], now, self.settings.publish_window, batch)
+            for i in range(0, len(rows), BATCH_ROWS)
+        ]
+
+        def attempt() -> bool:
+            if len(stmts) == 1:
+                self._conn.execute(*stmts[0])
+            else:
+                self._transaction(stmts)
+            return True
+
+        self._with_retry("publish", attempt, resolve=lambda: self._published(rows[0], batch))
         return len(rows)
 
-    def _insert(self, chunk: list[tuple]) -> None:
-        values = ", ".join(["(?, ?, ?, ?)"] * len(chunk))
-        params = [value for row in chunk for value in row]
-        self._conn.execute(
-            f"INSERT INTO {self._n.publish_view} (group_id, event, priority, routing_key) VALUES {values}",
-            params,
-        )
-
-    def _transaction(self, chunks: list[list[tuple]]) -> None:
+    def _transaction(self, stmts: list[tuple[str, tuple]]) -> None:
         """One transaction, abandoned at the first error: through a replica, a statement after a
         failed one would run outside the (silently dropped) transaction."""
         self._conn.execute("BEGIN IMMEDIATE")
         try:
-            for chunk in chunks:
-                self._insert(chunk)
+            for sql, params in stmts:
+                self._conn.execute(sql, params)
             self._conn.execute("COMMIT")
         except BaseException:
             try:
@@ -205,12 +256,10 @@ class LibsqlTransport:
                 pass
             raise
 
-    def _published(self, row: tuple) -> bool | None:
-        """Whether an ambiguous publish landed: its (unique-id) event is in its group."""
-        found = self._conn.execute(
-            f"SELECT 1 FROM {self._n.messages} WHERE group_id = ? AND event = ? LIMIT 1", (row[0], row[1])
-        )
-        return True if found else None
+    def _published(self, row: tuple, batch: str) -> bool | None:
+        """Whether an ambiguous publish landed (see `published_sql`)."""
+        found = self._conn.execute(published_sql(self._n), (row[0], row[4]))
+        return True if found and found[0][0] == batch else None
 
     # ---- claim -----------------------------------------------------------------------------
 
@@ -381,7 +430,7 @@ def _row(item: Message | tuple) -> tuple:
     refuse_nul(message.routing_key, "routing_key")
     if not isinstance(message.event, Event):
         raise TypeError(f"event must be a harel Event, got {type(message.event).__name__}")
-    return (message.group_id, message.event.model_dump_json(), priority, message.routing_key)
+    return (message.group_id, message.event.model_dump_json(), priority, message.routing_key, str(message.event.id))
 
 
 def _lease(row: tuple, token: str) -> Lease:

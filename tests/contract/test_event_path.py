@@ -90,6 +90,32 @@ def test_claim_many_leases_the_heads_of_distinct_groups_in_one_statement(edge):
     asyncio.run(main())
 
 
+def test_a_publish_on_the_event_path_whose_answer_was_lost_is_delivered_once(edge, monkeypatch):
+    async def main():
+        async with event_path(edge.settings(retry_initial_delay=0.01)) as (transport, _store):
+            executor, event, delivered = transport.path.executor, Event(kind="once"), []
+            send = executor.execute
+
+            async def applied_then_lost(stmt):
+                result = await send(stmt)
+                if stmt.sql.startswith("INSERT") and not delivered:  # landed; consumed in the back-off
+                    lease = await transport.claim("consumer", 30)
+                    delivered.append(lease.event.id)
+                    await transport.ack(lease)
+                    raise ConnectionResetError("connection reset: the answer was lost on the way back")
+                return result
+
+            monkeypatch.setattr(executor, "execute", applied_then_lost)
+            await transport.publish("G", event)
+            monkeypatch.undo()
+            while (lease := await transport.claim("consumer", 30)) is not None:
+                delivered.append(lease.event.id)
+                await transport.ack(lease)
+            assert delivered == [event.id], "the retry found its publish landed and sent nothing again"
+
+    asyncio.run(main())
+
+
 def test_a_commit_carries_the_ack_of_the_event_it_marks_processed(edge):
     async def main():
         async with event_path(edge.settings()) as (transport, store):

@@ -117,6 +117,41 @@ def test_a_parked_message_blocks_its_group_until_the_delay_passes(make_transport
     assert kinds(t) == ["g1", "g2"], "after the delay the parked message comes back first"
 
 
+def test_a_group_served_once_with_a_long_visibility_is_not_starved_by_busy_groups(make_transport):
+    clock = Clock()
+    t = make_transport(clock)
+    for i in range(4):
+        for group in ("long", "busy-1", "busy-2"):
+            t.publish(group, Event(kind=f"{group}:{i}"))
+    lease = t.claim("slow-worker", 300)  # a worker with a long visibility serves it once
+    assert lease.group_id == "long"
+    t.ack(lease)
+    served = []
+    for _ in range(3):
+        clock.now += 1
+        lease = t.claim("fast-worker", 5)
+        served.append(lease.group_id)
+        t.ack(lease)
+    assert served == ["busy-1", "busy-2", "long"], "its next message comes round in turn, by claim time"
+
+
+def test_a_park_does_not_move_its_group_back_in_the_round_robin(make_transport):
+    clock = Clock()
+    t = make_transport(clock)
+    for group in ("parked", "other"):
+        t.publish(group, Event(kind=f"{group}:1"))
+        t.publish(group, Event(kind=f"{group}:2"))
+    parked = t.claim("w", 5)
+    assert parked.group_id == "parked"
+    assert t.nack(parked, delay=10) is True  # claimed at 1000, parked until 1010
+    clock.now += 1
+    other = t.claim("w", 5)
+    assert other.group_id == "other"
+    t.ack(other)  # claimed at 1001
+    clock.now += 20
+    assert t.claim("w", 5).group_id == "parked", "its last claim (1000) is older than the other's (1001)"
+
+
 def test_a_lapsed_lease_is_claimable_and_its_old_holder_can_no_longer_ack(make_transport):
     clock = Clock()
     t = make_transport(clock)
@@ -178,6 +213,56 @@ def test_prefixes_isolate_two_queues_in_one_database(edge):
     finally:
         first.close()
         second.close()
+
+
+def test_a_publish_whose_answer_was_lost_is_delivered_once_though_consumed_before_the_retry(
+    edge, make_transport, monkeypatch
+):
+    clock = Clock()
+    t = make_transport(clock, retry_initial_delay=0.01)
+    consumer = LibsqlTransport(settings=edge.peer(t.settings), clock=clock, create_schema=False)
+    event, delivered = Event(kind="once"), []
+    send = t.connection.execute
+
+    def applied_then_lost(sql, params=()):
+        rows = send(sql, params)
+        if sql.startswith("INSERT") and not delivered:  # the publish landed; during the back-off
+            lease = consumer.claim("consumer", 30)  # another worker handles it
+            delivered.append(lease.event.id)
+            consumer.ack(lease)
+            raise ConnectionResetError("connection reset: the answer was lost on the way back")
+        return rows
+
+    try:
+        monkeypatch.setattr(t.connection, "execute", applied_then_lost)
+        t.publish("G", event)
+        monkeypatch.undo()
+        while (lease := consumer.claim("consumer", 30)) is not None:
+            delivered.append(lease.event.id)
+            consumer.ack(lease)
+    finally:
+        consumer.close()
+    assert delivered == [event.id], "the retry found its publish landed and sent nothing again"
+    assert t.depth() == 0
+
+
+def test_an_event_sent_to_its_group_again_within_the_window_is_queued_once(make_transport):
+    clock = Clock()
+    t = make_transport(clock, publish_window=3600)
+    event = Event(kind="e")
+    t.publish("G", event)
+    assert kinds(t) == ["e"]
+    clock.now += 3599
+    t.publish("G", event)
+    t.publish_many([Message("G", event), Message("G", Event(kind="new"))])
+    assert kinds(t) == ["new"], "the same id within the window is not queued again; the batch's others are"
+    t.publish("H", event)
+    assert kinds(t) == ["e"], "the window is per group: the event sent to another group is queued"
+    clock.now += 1
+    t.publish("G", event)
+    assert kinds(t) == ["e"], "after the window, the id is forgotten and queued again"
+    (count,), = t.connection.execute(f"SELECT count(*) FROM {t.settings.prefix}_transport_published")
+    assert count == 3, "every id sent is kept once per group until its window ends"
 
 
 def test_a_batch_publish_keeps_order_across_chunks_and_groups(make_transport):

@@ -153,22 +153,24 @@ def test_two_replica_workers_upgrade_a_harel_09_queue_on_the_primary_at_once_and
 
     # The schema on the primary: the column once, harel's columns intact, the version set.
     columns = [row[1] for row in conn.execute("PRAGMA table_info(harel_transport_groups)")]
-    assert columns == ["group_id", "last_claimed_at", "priority", "routing_key"]
+    assert columns == ["group_id", "last_claimed_at", "priority", "routing_key", "claimable_at"]
     assert Counter(columns)["routing_key"] == 1
     assert conn.execute("PRAGMA user_version")[0][0] == SCHEMA_VERSION
 
-    # Both started; between them the column was added exactly once, the other saw it or lost the race.
+    # Both started; between them each column was added exactly once (routing_key, then the ones
+    # schema 6 adds), the other saw it or lost the race.
     alters = [
-        (worker, outcome)
+        (worker, sql, outcome)
         for (worker, phase), report in reports.items()
         if phase == "started"
         for sql, outcome in report["statements"]
         if sql.startswith("ALTER TABLE")
     ]
-    assert [outcome for _, outcome in alters].count("ok") == 1
-    assert all(outcome == "ok" or "duplicate column" in outcome for _, outcome in alters)
+    for column in {sql for _, sql, _ in alters}:
+        assert [outcome for _, sql, outcome in alters if sql == column].count("ok") == 1, column
+    assert all(outcome == "ok" or "duplicate column" in outcome for _, _, outcome in alters)
     if gate is not None:  # both tried; the primary refused the second, and that worker started anyway
-        assert len(alters) == len(WORKERS)
+        assert len([sql for _, sql, _ in alters if "routing_key" in sql]) == len(WORKERS)
     starts = sorted(report["at"] for (_w, phase), report in reports.items() if phase == "started")
 
     rows = _workers.read_log(conn)
@@ -186,7 +188,7 @@ def test_two_replica_workers_upgrade_a_harel_09_queue_on_the_primary_at_once_and
             assert worker == f"edge-{routed[message][2]}"
     assert conn.execute("SELECT count(*) FROM harel_transport_messages")[0][0] == 0
     print(
-        f"\n[{interleaving}] ALTER outcomes {[(w, o[:60]) for w, o in alters]}; released from the barrier "
+        f"\n[{interleaving}] ALTER outcomes {[(w, o[:60]) for w, _, o in alters]}; released from the barrier "
         f"{1000 * (starts[-1] - starts[0]):.0f} ms apart; old processed "
         f"{[reports[(s['worker'], 'old')]['acked'] for s in WORKERS]}; routed processed "
         f"{[reports[(s['worker'], 'routed')]['acked'] for s in WORKERS]}"

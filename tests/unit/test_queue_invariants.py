@@ -7,16 +7,14 @@ claimed (0: never), and when it arrived. After every step the transport must agr
 takes, among the groups with nothing in flight, priority >= the floor and (if keys are given)
 a routing key in the list, the one whose last claim is oldest, ties by arrival; it takes that
 group's head (FIFO, at most one in flight per group); it claims nothing only when no group
-qualifies; an ack or nack succeeds exactly when the lease is still the holder's; and nothing
-is lost or delivered after it was acked.
+qualifies; a claim of up to n groups takes the first n in that order; an ack or nack succeeds
+exactly when the lease is still the holder's; and nothing is lost or delivered after it was
+acked.
 
 The model is the spec's, not the implementation's: "nothing in flight" is checked over every
-message of the group, and "last claimed" is the claim's own time. The implementation stamps a
-group with its lease's deadline instead, which sorts the same way as long as every claim uses
-one visibility, so the model claims with one. It also stamps a parked group with the park's
-end, which the spec does not (a nack leaves the last claim as it was): once a group parked
-since its last claim competes with others, the implementation's choice may differ from the
-spec's, and until that is fixed the claim is then only checked to take a qualifying group.
+message of the group, "last claimed" is the claim's own time, and a park (nack with a delay)
+leaves it as it was. Claims mix visibilities (5, 30 and 300 s) and parks mix delays, so leases
+and parks of different lengths lapse in every order.
 """
 
 from __future__ import annotations
@@ -24,16 +22,20 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from harel.engine.transport import Lease
 from harel.spec.states import Event
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, multiple, rule
 
 from harel_edge import LibsqlTransport
+from harel_edge.transport import _claim_sql, _lease, claim_params
 
 GROUPS = st.sampled_from(["a", "b", "c", "d"])
 ROUTING_KEYS = st.sampled_from([None, "eu", "us"])
-VISIBILITY = 5.0  # one visibility for every claim (see the module docstring)
+VISIBILITIES = st.sampled_from([5.0, 30.0, 300.0])
+FLOORS = st.sampled_from([0, 0, 1, 3])
+KEYS = st.sampled_from([(), (), ("eu",), ("eu", "us"), ("us", "eu", "us")])
 
 
 @dataclass
@@ -50,7 +52,6 @@ class Group:
     routing_key: str | None
     arrival: int
     last_claimed: float = 0.0  # 0: never claimed
-    parked_since_claim: bool = False  # nacked with a delay since its last claim
 
 
 class QueueMachine(RuleBasedStateMachine):
@@ -89,12 +90,10 @@ class QueueMachine(RuleBasedStateMachine):
             and (not keys or self.groups[g].routing_key in keys)
         ]
 
-    def selected(self, min_priority: int, keys: tuple[str, ...]) -> str | None:
-        """The spec's choice: the qualifying group whose last claim is oldest, ties by arrival."""
+    def selected(self, min_priority: int, keys: tuple[str, ...], n: int = 1) -> list[str]:
+        """The spec's choice: the qualifying groups whose last claim is oldest, ties by arrival."""
         candidates = self.qualifying(min_priority, keys)
-        if not candidates:
-            return None
-        return min(candidates, key=lambda g: (self.groups[g].last_claimed, self.groups[g].arrival))
+        return sorted(candidates, key=lambda g: (self.groups[g].last_claimed, self.groups[g].arrival))[:n]
 
     @rule(group=GROUPS, priority=st.integers(0, 4), routing_key=ROUTING_KEYS)
     def publish(self, group: str, priority: int, routing_key: str | None) -> None:
@@ -106,23 +105,41 @@ class QueueMachine(RuleBasedStateMachine):
         self.pending.setdefault(group, []).append(-self.published)  # seq learned at first claim
         self.kind_of[-self.published] = kind
 
+    @rule(target=leases, min_priority=FLOORS, keys=KEYS, visibility=VISIBILITIES)
+    def claim(self, min_priority: int, keys: tuple[str, ...], visibility: float):
+        expected = self.selected(min_priority, keys)
+        lease = self.transport.claim("w", visibility, min_priority=min_priority, routing_keys=keys)
+        if lease is None:
+            assert expected == [], f"a free group was left unclaimed: {expected!r}"
+            return None
+        assert [lease.group_id] == expected, (
+            f"claimed {lease.group_id!r}, the spec selects {expected!r} among"
+            f" {self.qualifying(min_priority, keys)} ({self.groups})"
+        )
+        self.took(lease, visibility)
+        return lease
+
     @rule(
         target=leases,
-        min_priority=st.sampled_from([0, 0, 1, 3]),
-        keys=st.sampled_from([(), (), ("eu",), ("eu", "us")]),
+        n=st.integers(1, 5),
+        min_priority=FLOORS,
+        keys=KEYS,
+        visibility=VISIBILITIES,
     )
-    def claim(self, min_priority: int, keys: tuple[str, ...]):
-        expected = self.selected(min_priority, keys)
-        lease = self.transport.claim("w", VISIBILITY, min_priority=min_priority, routing_keys=keys)
-        if lease is None:
-            assert expected is None, f"a free group was left unclaimed: {expected!r}"
-            return None
-        qualifying = self.qualifying(min_priority, keys)
-        assert lease.group_id in qualifying, f"claimed {lease.group_id!r}, not one of {qualifying}"
-        if not any(self.groups[g].parked_since_claim for g in qualifying):  # see the module docstring
-            assert lease.group_id == expected, (
-                f"claimed {lease.group_id!r}, the spec selects {expected!r} among {qualifying} ({self.groups})"
-            )
+    def claim_many(self, n: int, min_priority: int, keys: tuple[str, ...], visibility: float):
+        """The event path's statement (`claim_many`): up to n groups' heads, in the spec's order."""
+        expected = self.selected(min_priority, keys, n)
+        token, params = claim_params("w", visibility, min_priority, keys, self.now)
+        rows = self.transport.connection.execute(_claim_sql(self.transport._n, len(keys), many=True), (*params, n))
+        leases = sorted((_lease(row, token) for row in rows), key=lambda lease: lease.seq)
+        claimed = [lease.group_id for lease in leases]
+        assert sorted(claimed) == sorted(expected), f"claimed {claimed}, the spec selects {expected} ({self.groups})"
+        for lease in leases:
+            self.took(lease, visibility)
+        return multiple(*leases)
+
+    def took(self, lease: Lease, visibility: float) -> None:
+        """Check a claimed lease against the model, and record it."""
         group = self.pending[lease.group_id]
         head = group[0]
         if head < 0:  # first delivery: learn the real seq of the head
@@ -132,10 +149,8 @@ class QueueMachine(RuleBasedStateMachine):
         assert group[0] == lease.seq, "FIFO: the claim took the group's head"
         assert lease.seq not in self.acked, "an acked message was delivered again"
         assert not self.busy(lease.group_id), "a group already in flight was claimed again"
-        self.locks[lease.seq] = Lock(lease.token, self.now + VISIBILITY)
+        self.locks[lease.seq] = Lock(lease.token, self.now + visibility)
         self.groups[lease.group_id].last_claimed = self.now
-        self.groups[lease.group_id].parked_since_claim = False
-        return lease
 
     def holds(self, lease) -> bool:
         lock = self.locks.get(lease.seq)
@@ -154,20 +169,19 @@ class QueueMachine(RuleBasedStateMachine):
             if not self.pending[lease.group_id]:  # its last message: the group is gone
                 del self.groups[lease.group_id]
 
-    @rule(lease=consumes(leases), delay=st.sampled_from([0.0, 2.0, 10.0]))
+    @rule(lease=consumes(leases), delay=st.sampled_from([0.0, 2.0, 10.0, 60.0]))
     def nack(self, lease, delay: float) -> None:
         if lease is None:
             return
         expected = self.holds(lease)
         assert self.transport.nack(lease, delay) is expected
         if expected:
-            if delay > 0:
+            if delay > 0:  # parked: the group's last claim stays as it was
                 self.locks[lease.seq] = Lock(None, self.now + delay)
-                self.groups[lease.group_id].parked_since_claim = True
             else:
                 del self.locks[lease.seq]
 
-    @rule(seconds=st.sampled_from([0.5, 1.5, 3.0, 12.0, 40.0]))
+    @rule(seconds=st.sampled_from([0.5, 1.5, 3.0, 12.0, 40.0, 320.0]))
     def tick(self, seconds: float) -> None:
         self.now += seconds
 

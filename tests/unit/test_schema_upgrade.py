@@ -219,8 +219,121 @@ def test_upgrading_a_version_5_file_twice_at_once_adds_the_column_once(tmp_path)
     with ctx.Pool(2) as pool:
         pool.map(_open_and_close, [path, path])
     assert columns(path, "workflow_queue").count("generation") == 1
+    assert columns(path).count("claimable_at") == 1
+    assert columns(path, "harel_transport_messages").count("claimed_at") == 1
     assert user_version(path) == schema.SCHEMA_VERSION
 
 
 def _open_and_close(path):
     LibsqlTransport(path).close()
+
+
+# The transport's schema as version 5 (and version 6 until claim times) made it: the claim
+# trigger stamped a group with its lease's deadline, and routed claims had their own index.
+EARLIER_QUEUE = [
+    "CREATE TABLE harel_transport_messages (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+    " group_id TEXT NOT NULL, event TEXT NOT NULL, locked_by TEXT, lock_expiry REAL)",
+    "CREATE TABLE harel_transport_groups (group_id TEXT PRIMARY KEY,"
+    " last_claimed_at REAL NOT NULL DEFAULT 0.0, priority INT NOT NULL DEFAULT 0, routing_key TEXT)",
+    "CREATE INDEX harel_transport_groups_by_last_claimed ON harel_transport_groups (last_claimed_at)",
+    "CREATE INDEX harel_transport_messages_by_group ON harel_transport_messages (group_id, seq)",
+    "CREATE INDEX harel_transport_groups_by_routing_key ON harel_transport_groups (routing_key, last_claimed_at)",
+    "CREATE VIEW harel_transport_publish AS SELECT m.group_id, m.event, g.priority, g.routing_key"
+    " FROM harel_transport_messages m JOIN harel_transport_groups g ON g.group_id = m.group_id WHERE 0",
+    "CREATE TRIGGER harel_transport_publish INSTEAD OF INSERT ON harel_transport_publish BEGIN"
+    " INSERT OR IGNORE INTO harel_transport_groups (group_id, priority, routing_key)"
+    " VALUES (NEW.group_id, COALESCE(NEW.priority, 0), NEW.routing_key);"
+    " INSERT INTO harel_transport_messages (group_id, event) VALUES (NEW.group_id, NEW.event); END",
+    "CREATE TRIGGER harel_transport_on_claim AFTER UPDATE OF locked_by ON harel_transport_messages"
+    " WHEN NEW.locked_by IS NOT NULL BEGIN"
+    " UPDATE harel_transport_groups SET last_claimed_at = NEW.lock_expiry WHERE group_id = NEW.group_id; END",
+    "CREATE TRIGGER harel_transport_on_drain AFTER DELETE ON harel_transport_messages BEGIN"
+    " DELETE FROM harel_transport_groups WHERE group_id = OLD.group_id"
+    " AND NOT EXISTS (SELECT 1 FROM harel_transport_messages WHERE group_id = OLD.group_id); END",
+]
+
+
+def earlier_queue_file(tmp_path, version):
+    """A queue in use as that code left it, at 1000 s: `leased` held until 1300, `parked` until
+    1050, `free` waiting (its head's lease ended at 990)."""
+    path = version_5_file(tmp_path) if version == 5 else str(tmp_path / "v6.db")
+    with sqlite3.connect(path) as db:
+        for statement in EARLIER_QUEUE:
+            db.execute(statement)
+        for group in ("leased", "parked", "free"):
+            for i in (1, 2):
+                db.execute(
+                    "INSERT INTO harel_transport_publish (group_id, event) VALUES (?, ?)",
+                    (group, Event(kind=f"{group}:{i}").model_dump_json()),
+                )
+        held = (("leased", "w#1", 1300.0), ("parked", "__parked__", 1050.0), ("free", "w#2", 990.0))
+        for group, locked_by, expiry in held:
+            db.execute(
+                "UPDATE harel_transport_messages SET locked_by = ?, lock_expiry = ?"
+                " WHERE seq = (SELECT MIN(seq) FROM harel_transport_messages WHERE group_id = ?)",
+                (locked_by, expiry, group),
+            )
+        db.execute(f"PRAGMA user_version = {version}")
+    return path
+
+
+def schema_objects(path):
+    with sqlite3.connect(path) as db:
+        return db.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
+
+
+@pytest.mark.parametrize("version", [5, 6])
+def test_a_queue_in_use_is_upgraded_to_claim_times_and_its_groups_in_flight_stay_in_flight(tmp_path, version):
+    path = earlier_queue_file(tmp_path, version)
+    now = [1000.0]
+    t = LibsqlTransport(path, lambda: now[0])
+    try:
+        assert columns(path).count("claimable_at") == 1
+        assert columns(path, "harel_transport_messages").count("claimed_at") == 1
+        names = {name for _type, name, _sql in schema_objects(path)}
+        assert "harel_transport_on_claim" not in names, "the trigger that stamped deadlines is dropped"
+        assert "harel_transport_groups_by_routing_key" not in names
+        assert {"harel_transport_on_claim_v6", "harel_transport_groups_by_claimable"} <= names
+        with sqlite3.connect(path) as db:
+            assert dict(db.execute("SELECT group_id, claimable_at FROM harel_transport_groups")) == {
+                "leased": 1300.0,
+                "parked": 1050.0,
+                "free": 990.0,
+            }, "each group's next claimable time is read from its head's lock"
+        assert drain(t) == ["free:1", "free:2"], "only the group whose lease ended is claimable"
+        now[0] = 1051.0
+        assert drain(t) == ["parked:1", "parked:2"]
+        now[0] = 1301.0
+        assert drain(t) == ["leased:1", "leased:2"]
+        before = schema_objects(path)
+    finally:
+        t.close()
+    LibsqlTransport(path).close()
+    assert schema_objects(path) == before, "upgrading again changes nothing"
+    assert user_version(path) == schema.SCHEMA_VERSION
+
+
+def test_harel_and_harel_edge_sharing_a_file_see_each_others_leases(tmp_path):
+    path = str(tmp_path / "shared.db")
+    now = [1000.0]
+    edge = LibsqlTransport(path, lambda: now[0])
+    harel = HarelSqliteTransport(path, clock=lambda: now[0])
+    try:
+        for group in ("G", "H"):
+            harel.publish(group, Event(kind=f"{group}:1"))
+            harel.publish(group, Event(kind=f"{group}:2"))
+        held = harel.claim("harel", 30)
+        assert held.group_id == "G"
+        lease = edge.claim("edge", 30)
+        assert lease.group_id == "H", "the group harel holds is in flight for harel_edge"
+        edge.ack(lease)
+        assert edge.claim("edge", 30).group_id == "H", "G is still harel's"
+        harel.ack(held)
+        now[0] += 1
+        assert edge.claim("edge", 30).event.kind == "G:2", "acked by harel, its group is free again"
+        with sqlite3.connect(path) as db:
+            (stamp,), = db.execute("SELECT last_claimed_at FROM harel_transport_groups WHERE group_id = 'G'")
+        assert stamp == 1001.0, "harel_edge stamps the claim time, as harel does"
+    finally:
+        harel.close()
+        edge.close()

@@ -35,6 +35,11 @@ def test_a_message_is_dead_lettered_after_ten_failed_deliveries_unless_told_othe
     assert load(monkeypatch, HAREL_EDGE_MAX_DELIVERIES="0").max_deliveries == 0, "0: never"
 
 
+def test_a_group_remembers_the_event_ids_it_was_sent_for_a_day_unless_told_otherwise(monkeypatch):
+    assert load(monkeypatch).publish_window == 86400
+    assert load(monkeypatch, HAREL_EDGE_PUBLISH_WINDOW="600").publish_window == 600
+
+
 def test_settings_are_read_when_loaded_not_at_import(monkeypatch):
     monkeypatch.setenv("HAREL_EDGE_PREFIX", "first")
     assert EdgeSettings.load().prefix == "first"
@@ -101,6 +106,13 @@ def test_the_token_never_appears_in_repr_str_or_config_show(monkeypatch):
         ({"HAREL_EDGE_RETRY_MAX_DELAY": "0"}, "HAREL_EDGE_RETRY_MAX_DELAY", "positive number of seconds"),
         ({"HAREL_EDGE_WORKER_ID": "edge#1"}, "HAREL_EDGE_WORKER_ID", "without '#'"),
         ({"HAREL_EDGE_MAX_DELIVERIES": "-1"}, "HAREL_EDGE_MAX_DELIVERIES", "or 0 never to dead-letter"),
+        ({"HAREL_EDGE_PUBLISH_WINDOW": "30"}, "HAREL_EDGE_PUBLISH_WINDOW", "set 60 to 31536000 seconds"),
+        ({"HAREL_EDGE_PUBLISH_WINDOW": "nan"}, "HAREL_EDGE_PUBLISH_WINDOW", "out of range"),
+        (
+            {"HAREL_EDGE_PUBLISH_WINDOW": "120", "HAREL_EDGE_RETRY_DEADLINE": "300"},
+            "HAREL_EDGE_PUBLISH_WINDOW=120 is shorter than HAREL_EDGE_RETRY_DEADLINE=300",
+            "at least as long as the deadline",
+        ),
     ],
 )
 def test_a_wrong_setting_fails_at_start_naming_the_variable(monkeypatch, env, variable, advice):

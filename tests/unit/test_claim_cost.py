@@ -1,0 +1,94 @@
+"""A claim's work does not grow with the groups waiting, whatever it filters on.
+
+Work is counted, not timed: SQLite calls a progress handler every few virtual-machine
+instructions, so the count of calls while one claim statement runs (its triggers included)
+is the same on every machine and every run. The queue is the benchmark's
+(benchmarks/bench_claim_filters.py): group i has key eu/us/ap/af by i % 4 and priority i % 4,
+except the newest 2%, which have priority 4.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from harel.spec.states import Event
+
+from harel_edge import LibsqlTransport, Message
+from harel_edge.schema import EdgeNames
+from harel_edge.transport import _claim_sql, claim_params
+
+KEYS = ("eu", "us", "ap", "af")
+SMALL, LARGE = 1_000, 16_000
+SHAPES = {
+    "no key": ((), 0),
+    "one key": (("eu",), 0),
+    "two keys": (("eu", "us"), 0),
+    "three keys": (("eu", "us", "ap"), 0),
+    "priority floor 3": ((), 3),
+    "priority floor 4, the newest groups": ((), 4),
+    "two keys and a floor": (("eu", "us"), 3),
+}
+
+
+def queue(path, groups: int, in_flight: bool) -> str:
+    now = [1000.0]
+    t = LibsqlTransport(str(path), lambda: now[0])
+    try:
+        newest = groups - groups // 50
+        t.publish_many(
+            Message(f"g{i}", Event(kind=f"e{m}"), 4 if i >= newest else i % 4, KEYS[i % 4])
+            for m in range(2)
+            for i in range(groups)
+        )
+        if in_flight:  # half the groups held by a worker with a long visibility
+            for _ in range(groups // 2):
+                t.claim("holder", 3600)
+        now[0] += 1
+        lease = t.claim("w", 5)  # a lease that lapses, and a park that ends, before the claim
+        t.claim("w", 5)
+        t.nack(lease, delay=2)
+    finally:
+        t.close()
+    return str(path)
+
+
+def work(path: str, keys: tuple[str, ...], floor: int) -> int:
+    """Progress-handler calls (every 10 instructions) while one claim runs, rolled back after."""
+    db = sqlite3.connect(path, isolation_level=None)
+    calls = [0]
+
+    def count() -> int:
+        calls[0] += 1
+        return 0
+
+    try:
+        _token, params = claim_params("w", 30, floor, keys, 1010.0)
+        sql = _claim_sql(EdgeNames(), len(keys), many=True)
+        db.execute("BEGIN IMMEDIATE")
+        db.set_progress_handler(count, 10)
+        rows = db.execute(sql, (*params, 4)).fetchall()
+        db.set_progress_handler(None, 0)
+        db.execute("ROLLBACK")
+        assert len(rows) == 4, "the claim found groups to lease"
+        return calls[0]
+    finally:
+        db.close()
+
+
+@pytest.fixture(scope="module")
+def queues(tmp_path_factory):
+    made = {}
+    for in_flight in (False, True):
+        for groups in (SMALL, LARGE):
+            made[(groups, in_flight)] = queue(tmp_path_factory.mktemp("q") / "q.db", groups, in_flight)
+    return made
+
+
+@pytest.mark.parametrize("in_flight", [False, True], ids=["all waiting", "half in flight"])
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_a_claims_work_is_the_same_for_16_times_the_groups(queues, shape, in_flight):
+    keys, floor = SHAPES[shape]
+    small = work(queues[(SMALL, in_flight)], keys, floor)
+    large = work(queues[(LARGE, in_flight)], keys, floor)
+    assert large <= small * 1.5, f"{shape}: {small} at {SMALL} groups, {large} at {LARGE}"
