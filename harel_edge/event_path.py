@@ -378,12 +378,24 @@ class EventTransport:
     async def ack_many(self, leases: Sequence[Lease]) -> list[bool]:
         """Ack several leases as one unit of work; each answer as `ack` gives it."""
         q = self.path.queue
-        stmts = [Stmt(f"DELETE FROM {q.messages} WHERE {_fence(lease)[0]} RETURNING seq", _fence(lease)[1]) for lease in leases]
-        if not stmts:
+        if not leases:
             return []
+        if all(lease.token for lease in leases):
+            # One statement for the lot: libsql prepares each statement anew, so one DELETE of
+            # n fenced rows costs far less than n DELETEs.
+            pairs = ", ".join(["(?, ?)"] * len(leases))
+            args = tuple(v for lease in leases for v in (lease.seq, lease.token))
+            stmt = Stmt(f"DELETE FROM {q.messages} WHERE (seq, locked_by) IN (VALUES {pairs}) RETURNING seq", args)
 
-        async def attempt() -> list[bool]:
-            return [bool(r.rows) for r in await self.path.executor.transaction(stmts)]
+            async def attempt() -> list[bool]:
+                gone = {row[0] for row in (await self.path.executor.execute(stmt)).rows}
+                return [lease.seq in gone for lease in leases]
+
+        else:
+            stmts = [Stmt(f"DELETE FROM {q.messages} WHERE {_fence(lease)[0]} RETURNING seq", _fence(lease)[1]) for lease in leases]
+
+            async def attempt() -> list[bool]:
+                return [bool(r.rows) for r in await self.path.executor.transaction(stmts)]
 
         async def resolve() -> list[bool]:
             return [bool(await self._settled(lease, done_if_gone=True)) for lease in leases]

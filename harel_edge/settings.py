@@ -171,7 +171,7 @@ class EdgeSettings(BaseSettings):
     retry_max_delay: float = Field(default=5.0, description="Cap on one backoff delay, seconds.")
     retry_deadline: float = Field(default=60.0, description="Cap on the time one operation may retry.")
     publish_window: float = Field(
-        default=86400.0,
+        default=3600.0,
         description="Seconds a group remembers an event id it was sent: publishing the same event "
         "to it again within them (a retry of an ambiguous publish) queues nothing.",
     )
@@ -268,7 +268,7 @@ class EdgeSettings(BaseSettings):
         if not math.isfinite(value) or not MIN_PUBLISH_WINDOW <= value <= MAX_PUBLISH_WINDOW:
             raise ValueError(
                 f"HAREL_EDGE_PUBLISH_WINDOW={value} is out of range: set {MIN_PUBLISH_WINDOW:g} to "
-                f"{MAX_PUBLISH_WINDOW:.0f} seconds (default 86400, a day)"
+                f"{MAX_PUBLISH_WINDOW:.0f} seconds (default 3600, an hour)"
             )
         return value
 

@@ -36,7 +36,7 @@ def test_a_message_is_dead_lettered_after_ten_failed_deliveries_unless_told_othe
 
 
 def test_a_group_remembers_the_event_ids_it_was_sent_for_a_day_unless_told_otherwise(monkeypatch):
-    assert load(monkeypatch).publish_window == 86400
+    assert load(monkeypatch).publish_window == 3600
     assert load(monkeypatch, HAREL_EDGE_PUBLISH_WINDOW="600").publish_window == 600
 
 
