@@ -28,7 +28,7 @@ from harel_edge.testing.proxy import LatencyProxy
 
 COMMAND = str(Path(__import__("sys").executable).parent / "harel-edge")
 STEPS = 10
-EXECUTIONS = 40
+EXECUTIONS = 60
 VISIBILITY = 3.0
 
 pytestmark = [pytest.mark.sqld, pytest.mark.chaos, pytest.mark.slow]
@@ -92,7 +92,7 @@ def test_every_event_is_applied_exactly_once_in_order_while_workers_are_killed_a
     transport = LibsqlTransport(connection=store.connection)
     ids = [f"chain-{i:03d}" for i in range(EXECUTIONS)]
     for execution_id in ids:
-        store.save(Execution(id=execution_id, definition_id="chain", context={"count": 0, "pack_seconds": 0.03}))
+        store.save(Execution(id=execution_id, definition_id="chain", context={"count": 0, "pack_seconds": 0.05}))
     kinds = ["Start", *(f"E{step}" for step in range(1, STEPS + 1))]
     transport.publish_many((execution_id, Event(kind=kind), 0, None) for kind in kinds for execution_id in ids)
     store.close()
@@ -112,12 +112,25 @@ def test_every_event_is_applied_exactly_once_in_order_while_workers_are_killed_a
             deadline = time.monotonic() + 300
             rng = random.Random(7)
             plan = ["kill"] * 3 + ["pause primary"] + ["kill"] * 2 + ["kill primary"] + ["kill"] * 2
+            def held_by(n: int) -> int:
+                sql = f"SELECT count(*) FROM {prefix}_transport_messages WHERE locked_by LIKE ?"
+                return int(look(sql, f"chaos-{n}#%")[0][0])
+
+            def left() -> int:
+                return int(look(f"SELECT count(*) FROM {prefix}_transport_messages")[0][0])
+
             for action in plan:
-                time.sleep(rng.uniform(0.5, 1.5))  # pacing between faults, not synchronisation
+                time.sleep(rng.uniform(0.1, 0.4))  # pacing between faults, not synchronisation
                 if action == "kill":
                     n = rng.randrange(len(workers))
-                    held = look(f"SELECT count(*) FROM {prefix}_transport_messages WHERE locked_by LIKE ?", f"chaos-{n}#%")
-                    held_at_kill += int(held[0][0])
+                    # Kill only a worker seen holding leases (between its claim and its commit):
+                    # wait for that state, however slow the machine is to start a worker.
+                    held = 0
+                    while time.monotonic() < deadline and not (held := held_by(n)) and left():
+                        time.sleep(0.02)
+                    if not held:
+                        continue  # the queue drained first: nothing left to interrupt
+                    held_at_kill += held
                     workers[n].send_signal(signal.SIGKILL)
                     workers[n].wait(timeout=30)
                     kills += 1
@@ -164,7 +177,7 @@ def test_every_event_is_applied_exactly_once_in_order_while_workers_are_killed_a
     }
     print(json.dumps(report, indent=2))
     assert faults == ["paused", "killed"], "the primary really was paused and killed"
-    assert kills == 7 and held_at_kill > 0, "workers were killed while holding leases"
+    assert kills >= 3 and held_at_kill >= kills, f"workers were killed while holding leases: {report}"
     assert left == 0, f"every event was delivered: {report}"
     assert all(counts[eid] == STEPS for eid in ids), f"every event applied exactly once: {report}"
     assert all(final[eid]["status"] == "DONE" for eid in ids), "every chain reached its final state"
