@@ -34,7 +34,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from harel_edge import schema
+from harel_edge import migration
+from harel_edge.access import READ_ONLY_FILE_FIX, check_writable, open_for_reading, probe
 from harel_edge.connection import EdgeConnection, explain_connect_error
 from harel_edge.errors import (
     AuthError,
@@ -49,25 +50,19 @@ from harel_edge.errors import (
 from harel_edge.settings import EdgeSettings
 from harel_edge.status import (
     Check,
-    check_can_write,
     check_usable,
     clock_skew,
+    collect_status,
     database_facts,
-    dead_letter_status,
     inspect_file,
     last_sync_of_replica_file,
-    open_read_only,
-    queue_status,
-    raise_missing,
     schema_check,
     settings_summary,
     skew_check,
     tidy,
-    workflow_status,
     write_access,
     write_problem,
 )
-from harel_edge.store import store_tables
 
 HELP_WIDTH = 100
 CONTEXT = {
@@ -228,93 +223,6 @@ def _scrub(text: str, ctx: typer.Context | None) -> str:
     return text
 
 
-# ---- opening the database -------------------------------------------------------------------------
-
-
-def _primary_settings(settings: EdgeSettings) -> EdgeSettings:
-    """The sqld-profile settings that talk to a replica's primary directly."""
-    if settings.profile != "replica":
-        return settings
-    return settings.model_copy(update={"profile": "sqld", "url": settings.sync_url, "sync_url": None})
-
-
-def _probe(settings: EdgeSettings) -> EdgeConnection:
-    """A direct connection to the primary (sqld, or a replica's primary). It tells a refused
-    token from an unreachable primary, which an embedded replica's sync cannot (both are a
-    handshake timeout there)."""
-    return EdgeConnection(_primary_settings(settings))
-
-
-READ_ONLY_FILE_FIX = (
-    "workers, publish and migrate write the database and create its -wal and -shm beside it: make "
-    "the file and its directory writable for the user they run as (chmod u+w, or chown them to that "
-    "user), or set HAREL_EDGE_DB_PATH to a writable place (status and doctor only read)"
-)
-READ_ONLY_TOKEN = (
-    "the primary at {where} accepts this token for reading only: set HAREL_EDGE_AUTH_TOKEN to a "
-    "read-write token (publish, migrate and workers write; status and doctor only read); nothing was changed"
-)
-
-
-def check_writable(settings: EdgeSettings, *, adopt: bool = False) -> None:
-    """Refuse, before anything is written, what must not be written to: a file that is not a
-    database, is damaged or is another application's, a newer schema, a file or directory this
-    user cannot write, and a read-only token."""
-    if settings.profile in ("local", "replica"):
-        check_usable(inspect_file(settings.db_path), settings.prefix, settings.db_path, adopt=adopt)
-        check_can_write(settings.db_path)
-    if settings.profile == "local":
-        return
-    primary = _probe(settings)
-    try:
-        facts = database_facts(primary.execute)
-        check_usable(facts, settings.prefix, settings.server or "", adopt=adopt)
-        allowed = write_access(primary.execute, facts, settings.prefix)
-        if allowed is None:
-            # No harel_edge table to aim a no-op write at: the command is about to create the
-            # schema, so a write of the version the file already has is no change worth avoiding.
-            try:
-                primary.execute(f"PRAGMA user_version = {int(facts.user_version)}")
-                allowed = True
-            except ValueError as exc:
-                if not isinstance(explain_connect_error(settings, exc), AuthError):
-                    raise
-                allowed = False
-        if not allowed:
-            raise AuthError(READ_ONLY_TOKEN.format(where=settings.server))
-    finally:
-        primary.close()
-
-
-def open_for_writing(settings: EdgeSettings, *, adopt: bool = False) -> EdgeConnection:
-    """The profile's connection, after `check_writable`."""
-    check_writable(settings, adopt=adopt)
-    return EdgeConnection(settings)
-
-
-@dataclass
-class Reader:
-    """Read-only access: the primary's data (or the local file's), and on a replica its own file."""
-
-    execute: Callable[..., list[tuple]]
-    close: Callable[[], None]
-    where: str
-
-
-def open_for_reading(settings: EdgeSettings) -> Reader:
-    if settings.profile == "local":
-        if not inspect_file(settings.db_path).exists:
-            raise_missing(settings.db_path)
-        connection = open_read_only(settings.db_path)
-        return Reader(
-            lambda sql, params=(): connection.execute(sql, params).fetchall(),
-            connection.close,
-            settings.db_path,
-        )
-    primary = _probe(settings)
-    return Reader(primary.execute, primary.close, settings.server or "")
-
-
 # ---- publish --------------------------------------------------------------------------------------
 
 
@@ -344,120 +252,23 @@ def publish(
     A group's first message fixes its priority and routing key for as long as the group has
     messages. For a statechart, the group is the execution's id: start one with
     `publish ID Start --create MACHINE` (its --data seeds the context), then send it events."""
-    from harel.spec.states import Event  # noqa: PLC0415
+    from harel_edge.publishing import publish as publish_event  # noqa: PLC0415
+    from harel_edge.publishing import publish_request  # noqa: PLC0415
 
-    from harel_edge.transport import LibsqlTransport, Message  # noqa: PLC0415
-
-    try:
-        payload = json.loads(data)
-    except json.JSONDecodeError as exc:
-        raise ConfigurationError(f"--data is not JSON ({exc.msg} at character {exc.pos})") from None
-    if not isinstance(payload, dict):
-        raise ConfigurationError("--data must be a JSON object, e.g. '{\"amount\": 12.5}'")
-    if not group:
-        raise ConfigurationError("GROUP must not be empty")
-    if create is not None and kind != "Start":
-        raise ConfigurationError(f"--create starts an execution: KIND must be Start, not {kind!r}")
-    settings = ctx.obj.settings()
-    event = Event(
-        kind=kind, data=payload, created_time=datetime.now(UTC), **({"id": event_id} if event_id else {})
+    request = publish_request(
+        group, kind, data, priority=priority, routing_key=routing_key, event_id=event_id, create=create
     )
-    connection = open_for_writing(settings)
-    try:
-        has_schema = (
-            schema.has_routing_key(connection.execute, settings.prefix)
-            if _has_table(connection, settings)
-            else False
-        )
-        transport = LibsqlTransport(connection=connection, create_schema=not has_schema)
-        if create is not None:
-            _create_execution(connection, group, create, priority)
-        transport.publish_many([Message(group, event, priority, routing_key)])
-    finally:
-        connection.close()
+    published = publish_event(ctx.obj.settings(), request)
     if as_json:
-        print(
-            json.dumps(
-                {
-                    "group": group,
-                    "priority": priority,
-                    "routing_key": routing_key,
-                    "event": event.model_dump(mode="json"),
-                }
-            )
-        )
+        print(json.dumps(published.as_dict()))
     else:
         key = f", routing key {routing_key}" if routing_key else ""
-        out.print(f"published {kind} {event.id} to {group} (priority {priority}{key})", markup=False)
-
-
-def _create_execution(connection: EdgeConnection, execution_id: str, machine: str, priority: int) -> None:
-    """A PENDING execution for the worker to start when it claims the Start (harel's own
-    `create(start_on_create=False)`); an existing one is left as it is."""
-    from harel.engine.execution import Execution  # noqa: PLC0415
-
-    from harel_edge.store import EdgeStore  # noqa: PLC0415
-
-    store = EdgeStore(connection=connection)
-    if store.load(execution_id) is None:
-        store.save(Execution(id=execution_id, definition_id=machine, priority=priority))
-
-
-def _has_table(connection: EdgeConnection, settings: EdgeSettings) -> bool:
-    from harel_edge.schema import EdgeNames  # noqa: PLC0415
-
-    rows = connection.execute(
-        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
-        (EdgeNames(settings.prefix).groups,),
-    )
-    return bool(rows[0][0])
+        out.print(
+            f"published {kind} {published.event_id} to {group} (priority {priority}{key})", markup=False
+        )
 
 
 # ---- status ---------------------------------------------------------------------------------------
-
-
-def collect_status(settings: EdgeSettings, top: int = 10) -> dict[str, Any]:
-    """Everything `status` shows, as one dict (its --json output)."""
-    report: dict[str, Any] = {"profile": settings.profile, "where": settings.server or settings.db_path}
-    replica: dict[str, Any] | None = None
-    if settings.profile == "replica":
-        last = last_sync_of_replica_file(settings.db_path)
-        replica = {
-            "file": settings.db_path,
-            "last_sync_at": None if last is None else datetime.fromtimestamp(last, UTC).isoformat(),
-            "lag_seconds": None if last is None else max(0.0, time.time() - last),
-        }
-        local = inspect_file(settings.db_path)
-        if local.exists and local.has_schema(settings.prefix):
-            connection = open_read_only(settings.db_path)
-            try:
-                local_queue = queue_status(
-                    lambda s, p=(): connection.execute(s, p).fetchall(), settings.prefix, top=0
-                )
-                replica["messages_seen_locally"] = local_queue["totals"]["messages"]
-            finally:
-                connection.close()
-    reader = open_for_reading(settings)
-    try:
-        facts = database_facts(reader.execute)
-        check_usable(facts, settings.prefix, reader.where)
-        report["schema_version"] = facts.user_version
-        if not facts.has_schema(settings.prefix):
-            raise SchemaError(
-                f"{reader.where} has no harel_edge tables with prefix {settings.prefix!r}: run `harel-edge migrate` "
-                "or start a worker (or set HAREL_EDGE_PREFIX to the prefix the workers use)"
-            )
-        report["queue"] = queue_status(reader.execute, settings.prefix, top=top)
-        if "workflow_queue" in facts.tables:
-            report["workflows"] = workflow_status(reader.execute)
-        if schema.dead_letters_table(settings.prefix) in facts.tables:
-            report["dead_letters"] = dead_letter_status(reader.execute, settings.prefix)
-    finally:
-        reader.close()
-    if replica is not None:
-        replica["messages_on_primary"] = report["queue"]["totals"]["messages"]
-        report["replica"] = replica
-    return report
 
 
 @handled
@@ -473,14 +284,14 @@ def status(
     token is enough."""
     report = collect_status(ctx.obj.settings(), top=groups)
     if as_json:
-        print(json.dumps(report, indent=2, default=str))
+        print(json.dumps(report.as_dict(), indent=2, default=str))
         return
-    queue = report["queue"]
+    queue = report.queue
     totals = queue["totals"]
     oldest = queue["oldest"]
     age = oldest["age_seconds"]
     out.print(
-        f"{report['profile']} at {report['where']} (schema {report['schema_version']}): "
+        f"{report.profile} at {report.where} (schema {report.schema_version}): "
         f"{totals['messages']} messages in {totals['groups']} groups, {totals['in_flight']} in flight, "
         f"{totals['parked']} parked",
         markup=False,
@@ -518,7 +329,7 @@ def status(
                 row["head"],
             )
         out.print(deepest)
-    workflows = report.get("workflows")
+    workflows = report.workflows
     if workflows is not None and not workflows["namespaces"]:
         out.print(
             f"workflows: none queued ({workflows['finished']} finished, {workflows['claimed']} claimed now)",
@@ -540,7 +351,7 @@ def status(
                 "-" if wake is None else f"in {wake:.1f} s",
             )
         out.print(table)
-    dead = report.get("dead_letters")
+    dead = report.dead_letters
     if dead is not None:
         total = dead["messages"] + dead["workflows"]
         out.print(
@@ -548,19 +359,19 @@ def status(
             + (" (`harel-edge dead-letter list` shows them)" if total else ""),
             markup=False,
         )
-    replica = report.get("replica")
+    replica = report.replica
     if replica is not None:
-        lag = replica["lag_seconds"]
+        lag = replica.lag_seconds
         out.print(
-            f"replica {replica['file']}: "
+            f"replica {replica.file}: "
             + (
                 "never synced on this machine"
                 if lag is None
-                else f"last synced {replica['last_sync_at']} ({lag:.1f} s ago)"
+                else f"last synced {replica.last_sync_at} ({lag:.1f} s ago)"
             )
             + (
-                f", sees {replica['messages_seen_locally']} messages locally"
-                if "messages_seen_locally" in replica
+                f", sees {replica.messages_seen_locally} messages locally"
+                if replica.messages_seen_locally is not None
                 else ""
             ),
             markup=False,
@@ -568,21 +379,6 @@ def status(
 
 
 # ---- migrate --------------------------------------------------------------------------------------
-
-
-def migration_script(prefix: str) -> str:
-    """The whole schema as SQL for a team whose migration tool owns it (`migrate --print-sql`)."""
-    lines = [
-        f"-- harel_edge schema version {schema.SCHEMA_VERSION}, table prefix {prefix!r}.",
-        "-- Run once on a NEW database, in this order. On a database made by harel 0.9 (its transport",
-        "-- tables without routing_key), run this first, once:",
-        f"--   {schema.routing_upgrade(prefix)};",
-        "",
-    ]
-    lines += [f"{statement};" for statement in schema.migration_sql(prefix)]
-    lines += ["", "-- harel's execution store (the worker's EdgeStore), as harel creates it:"]
-    lines += [f"{statement};" for statement in store_tables(prefix)]
-    return "\n".join(lines) + "\n"
 
 
 @handled
@@ -599,21 +395,15 @@ def migrate(
     With --print-sql, print the schema for a migration tool and touch nothing."""
     settings = ctx.obj.settings()
     if print_sql:
-        sys.stdout.write(migration_script(settings.prefix))
+        sys.stdout.write(migration.migration_script(settings.prefix))
         return
     from harel_edge.worker import prepare  # noqa: PLC0415
 
-    connection = open_for_writing(settings, adopt=adopt)
-    try:
-        found = prepare(connection, migrate=True, adopt=adopt)
-    finally:
-        connection.close()
-    if found == schema.SCHEMA_VERSION:
-        out.print(f"schema version {found}: up to date ({settings_summary(settings)})", markup=False)
+    done = migration.migrate(settings, prepare, adopt=adopt)
+    if done.up_to_date:
+        out.print(f"schema version {done.found}: up to date ({done.where})", markup=False)
     else:
-        out.print(
-            f"schema version {found} -> {schema.SCHEMA_VERSION} ({settings_summary(settings)})", markup=False
-        )
+        out.print(f"schema version {done.found} -> {done.version} ({done.where})", markup=False)
 
 
 # ---- config ---------------------------------------------------------------------------------------
@@ -696,7 +486,7 @@ def diagnose(settings: EdgeSettings) -> list[Check]:
         server = settings.server
         started = time.monotonic()
         try:
-            primary = _probe(settings)
+            primary = probe(settings)
         except PrimaryUnavailableError as exc:
             checks.append(Check("connectivity", "fail", f"cannot reach {server}", tidy(str(exc))))
             return checks
@@ -929,7 +719,7 @@ def _with_writer(settings: EdgeSettings, work: Callable[[Callable[..., list[tupl
     """Run `work` on the primary itself (on a replica too: what it writes must be decided
     there, and read back from there), after `check_writable`."""
     check_writable(settings)
-    connection = EdgeConnection(settings) if settings.profile == "local" else _probe(settings)
+    connection = EdgeConnection(settings) if settings.profile == "local" else probe(settings)
     try:
         return work(connection.execute)
     finally:

@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -406,6 +407,108 @@ def dead_letter_status(execute: Execute, prefix: str) -> dict[str, Any]:
     )
     messages, workflows, oldest = rows[0] if rows else (0, 0, None)
     return {"messages": int(messages or 0), "workflows": int(workflows or 0), "oldest_at": oldest}
+
+
+# ---- what `status` shows ------------------------------------------------------------------------
+
+
+@dataclass
+class ReplicaStatus:
+    """A replica's file: when it last synced here, and what it sees locally against the primary."""
+
+    file: str
+    last_sync_at: str | None
+    lag_seconds: float | None
+    messages_on_primary: int = 0
+    messages_seen_locally: int | None = None  # None: no file with our tables here yet
+
+    def as_dict(self) -> dict[str, Any]:
+        values: dict[str, Any] = {
+            "file": self.file,
+            "last_sync_at": self.last_sync_at,
+            "lag_seconds": self.lag_seconds,
+        }
+        if self.messages_seen_locally is not None:
+            values["messages_seen_locally"] = self.messages_seen_locally
+        values["messages_on_primary"] = self.messages_on_primary
+        return values
+
+
+@dataclass
+class StatusReport:
+    """Everything `harel-edge status` shows; the sections are the dicts of the functions above."""
+
+    profile: str
+    where: str
+    schema_version: int
+    queue: dict[str, Any]
+    workflows: dict[str, Any] | None = None  # None: no durable workflow tables
+    dead_letters: dict[str, Any] | None = None  # None: no dead-letter table
+    replica: ReplicaStatus | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The --json output: absent sections are left out, not null."""
+        values: dict[str, Any] = {
+            "profile": self.profile,
+            "where": self.where,
+            "schema_version": self.schema_version,
+            "queue": self.queue,
+        }
+        if self.workflows is not None:
+            values["workflows"] = self.workflows
+        if self.dead_letters is not None:
+            values["dead_letters"] = self.dead_letters
+        if self.replica is not None:
+            values["replica"] = self.replica.as_dict()
+        return values
+
+
+def collect_status(settings: EdgeSettings, top: int = 10) -> StatusReport:
+    """The queue, workflows, dead letters and a replica's lag, with reads only (a read-only
+    token is enough); raises SchemaError when there are no harel_edge tables to report on."""
+    from harel_edge.access import open_for_reading  # noqa: PLC0415 - access builds on this module
+
+    replica: ReplicaStatus | None = None
+    if settings.profile == "replica":
+        last = last_sync_of_replica_file(settings.db_path)
+        replica = ReplicaStatus(
+            settings.db_path,
+            None if last is None else datetime.fromtimestamp(last, UTC).isoformat(),
+            None if last is None else max(0.0, time.time() - last),
+        )
+        local = inspect_file(settings.db_path)
+        if local.exists and local.has_schema(settings.prefix):
+            connection = open_read_only(settings.db_path)
+            try:
+                local_queue = queue_status(_runner(connection), settings.prefix, top=0)
+                replica.messages_seen_locally = local_queue["totals"]["messages"]
+            finally:
+                connection.close()
+    reader = open_for_reading(settings)
+    try:
+        facts = database_facts(reader.execute)
+        check_usable(facts, settings.prefix, reader.where)
+        if not facts.has_schema(settings.prefix):
+            raise SchemaError(
+                f"{reader.where} has no harel_edge tables with prefix {settings.prefix!r}: run `harel-edge migrate` "
+                "or start a worker (or set HAREL_EDGE_PREFIX to the prefix the workers use)"
+            )
+        report = StatusReport(
+            settings.profile,
+            settings.server or settings.db_path,
+            facts.user_version,
+            queue_status(reader.execute, settings.prefix, top=top),
+        )
+        if "workflow_queue" in facts.tables:
+            report.workflows = workflow_status(reader.execute)
+        if schema.dead_letters_table(settings.prefix) in facts.tables:
+            report.dead_letters = dead_letter_status(reader.execute, settings.prefix)
+    finally:
+        reader.close()
+    if replica is not None:
+        replica.messages_on_primary = report.queue["totals"]["messages"]
+        report.replica = replica
+    return report
 
 
 # ---- doctor's checks ---------------------------------------------------------------------------
