@@ -1,0 +1,170 @@
+"""`harel-edge doctor`'s checks: connectivity, credentials, the file, write access, schema, clock skew, sync.
+
+Each finding says what to do about it. The checks only read: a write access check is a write
+that changes nothing (`status.write_access`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from harel_edge.access import READ_ONLY_FILE_FIX, probe
+from harel_edge.errors import AuthError, DamagedDatabaseError, HarelEdgeError, PrimaryUnavailableError
+from harel_edge.settings import EdgeSettings
+from harel_edge.status import (
+    Check,
+    check_usable,
+    clock_skew,
+    database_facts,
+    inspect_file,
+    last_sync_of_replica_file,
+    schema_check,
+    settings_summary,
+    skew_check,
+    tidy,
+    write_access,
+    write_problem,
+)
+
+
+@dataclass
+class Diagnosis:
+    """Doctor's findings, in the order they were checked."""
+
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return any(check.level == "fail" for check in self.checks)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The --json output."""
+        return {"ok": not self.failed, "checks": [check.as_dict() for check in self.checks]}
+
+
+def diagnose(settings: EdgeSettings) -> Diagnosis:
+    """Doctor's checks, in the order a problem should be fixed; a check that an earlier failure
+    makes meaningless is not run."""
+    return Diagnosis(_run_checks(settings))
+
+
+def _run_checks(settings: EdgeSettings) -> list[Check]:
+    checks = [Check("configuration", "ok", settings_summary(settings))]
+    facts = None
+    if settings.profile in ("local", "replica"):
+        label = "database file" if settings.profile == "local" else "replica file"
+        try:
+            local = inspect_file(settings.db_path)  # with SQLite's quick_check
+        except DamagedDatabaseError as exc:
+            detail = f"{settings.db_path} is damaged: {exc.problems}"
+            fix = (
+                "restore it from a backup, or for a replica move the file (and its -wal, -shm, "
+                "-client_wal_index files) aside and let it re-sync; nothing was changed"
+            )
+            checks.append(Check(label, "fail", detail, fix))
+            return checks
+        except HarelEdgeError as exc:
+            checks.append(Check(label, "fail", f"{settings.db_path} cannot be used", str(exc)))
+            return checks
+        problem = write_problem(settings.db_path)
+        writable = (
+            Check("write access", "fail", problem, READ_ONLY_FILE_FIX)
+            if problem
+            else Check("write access", "ok", f"this user may write {settings.db_path} and beside it")
+        )
+        if not local.exists:
+            if settings.profile == "local":
+                checks.append(
+                    Check(
+                        label,
+                        "warn",
+                        f"{settings.db_path} does not exist yet",
+                        "run `harel-edge migrate` or start a worker",
+                    )
+                )
+                checks.append(writable)
+                return checks
+            checks.append(Check(label, "ok", f"{settings.db_path} does not exist yet: a worker creates it"))
+            checks.append(writable)
+        else:
+            try:
+                check_usable(local, settings.prefix, settings.db_path)
+            except HarelEdgeError as exc:
+                checks.append(Check(label, "fail", f"{settings.db_path} cannot be used", str(exc)))
+                return checks
+            checks.append(Check(label, "ok", f"{settings.db_path} reads cleanly (quick_check)"))
+            checks.append(writable)
+            if settings.profile == "local":
+                facts = local
+    if settings.profile != "local":
+        server = settings.server
+        started = time.monotonic()
+        try:
+            primary = probe(settings)
+        except PrimaryUnavailableError as exc:
+            checks.append(Check("connectivity", "fail", f"cannot reach {server}", tidy(str(exc))))
+            return checks
+        except AuthError as exc:
+            checks.append(Check("connectivity", "ok", f"{server} answers"))
+            checks.append(Check("auth", "fail", "the primary refused the token", tidy(str(exc))))
+            return checks
+        try:
+            connect_ms = (time.monotonic() - started) * 1000
+            checks.append(Check("connectivity", "ok", f"{server} answers ({connect_ms:.0f} ms to connect)"))
+            facts = database_facts(primary.execute)
+            skew, rtt = clock_skew(primary.execute)
+            allowed = write_access(primary.execute, facts, settings.prefix)
+            if allowed is None:
+                checks.append(
+                    Check("auth", "ok", "the token is accepted (write access not checked: no tables yet)")
+                )
+            elif allowed:
+                checks.append(Check("auth", "ok", "the token may read and write"))
+            else:
+                checks.append(
+                    Check(
+                        "auth",
+                        "fail",
+                        "the token is read-only",
+                        "workers, publish and migrate need a read-write token: set HAREL_EDGE_AUTH_TOKEN "
+                        "to one (status and doctor work with a read-only token)",
+                    )
+                )
+            checks.append(skew_check(skew, rtt))
+        finally:
+            primary.close()
+    if facts is not None:
+        try:
+            check_usable(facts, settings.prefix, settings.server or settings.db_path)
+            checks.append(schema_check(facts, settings.prefix))
+        except HarelEdgeError as exc:
+            checks.append(Check("schema version", "fail", "the database cannot be used", str(exc)))
+    if settings.profile == "replica":
+        checks.append(_sync_health(settings))
+    return checks
+
+
+def _sync_health(settings: EdgeSettings) -> Check:
+    """A replica's file a worker uses syncs every HAREL_EDGE_SYNC_INTERVAL: a much older last
+    sync means no worker runs here, or its syncs fail."""
+    last = last_sync_of_replica_file(settings.db_path)
+    if last is None:
+        return Check(
+            "sync health",
+            "warn",
+            f"{settings.db_path} has never synced on this machine",
+            "start a worker here (it syncs at start), or check HAREL_EDGE_DB_PATH is the workers' file",
+        )
+    age = max(0.0, time.time() - last)
+    expected = settings.sync_interval or 5.0
+    detail = f"last synced {age:.1f} s ago"
+    if age > max(60.0, 10 * expected):
+        return Check(
+            "sync health",
+            "warn",
+            detail + " (no worker may be running here, or its syncs fail)",
+            "check the workers' logs for 'sync failed' lines and the harel_edge_sync_failures metric",
+        )
+    return Check("sync health", "ok", detail)
