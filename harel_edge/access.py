@@ -1,4 +1,4 @@
-"""How commands reach the database: read-only for the ones that look, checked before writing for the ones that write.
+"""How commands reach the database: read-only to look, and checked before anything is written.
 
 A command that only looks reads a local file through SQLite's read-only mode and sends a remote
 primary reads only. A command that writes first refuses, before anything is written, what must

@@ -33,9 +33,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from harel_edge import migration
-from harel_edge.access import check_writable, open_for_reading, probe
-from harel_edge.connection import EdgeConnection, explain_connect_error
+from harel_edge import dead_letter, migration
+from harel_edge.access import check_writable
+from harel_edge.connection import explain_connect_error
 from harel_edge.doctor import diagnose
 from harel_edge.errors import (
     AuthError,
@@ -47,12 +47,7 @@ from harel_edge.errors import (
     SchemaError,
 )
 from harel_edge.settings import EdgeSettings
-from harel_edge.status import (
-    check_usable,
-    collect_status,
-    database_facts,
-    tidy,
-)
+from harel_edge.status import collect_status, tidy
 
 HELP_WIDTH = 100
 CONTEXT = {
@@ -558,10 +553,8 @@ def _when(seconds: float) -> str:
 
 
 def _kind_option(kind: str | None) -> str | None:
-    from harel_edge.dead_letter import KINDS  # noqa: PLC0415
-
-    if kind is not None and kind not in KINDS:
-        raise ConfigurationError(f"--kind {kind!r}: use {' or '.join(KINDS)}")
+    if kind is not None and kind not in dead_letter.KINDS:
+        raise ConfigurationError(f"--kind {kind!r}: use {' or '.join(dead_letter.KINDS)}")
     return kind
 
 
@@ -575,26 +568,6 @@ def _not_found(dead_letter_id: int) -> None:
     _fail(EXIT_PROBLEM, f"no dead letter #{dead_letter_id}: `harel-edge dead-letter list` shows the ones there are")
 
 
-def _with_reader(settings: EdgeSettings, work: Callable[[Callable[..., list[tuple]]], Any]) -> Any:
-    reader = open_for_reading(settings)
-    try:
-        check_usable(database_facts(reader.execute), settings.prefix, reader.where)
-        return work(reader.execute)
-    finally:
-        reader.close()
-
-
-def _with_writer(settings: EdgeSettings, work: Callable[[Callable[..., list[tuple]]], Any]) -> Any:
-    """Run `work` on the primary itself (on a replica too: what it writes must be decided
-    there, and read back from there), after `check_writable`."""
-    check_writable(settings)
-    connection = EdgeConnection(settings) if settings.profile == "local" else probe(settings)
-    try:
-        return work(connection.execute)
-    finally:
-        connection.close()
-
-
 @handled
 def dead_letter_list(
     ctx: typer.Context,
@@ -606,11 +579,8 @@ def dead_letter_list(
 
     Messages whose handling failed HAREL_EDGE_MAX_DELIVERIES times and durable workflows whose
     passes failed that many times in a row, which the workers moved aside. Reads only."""
-    from harel_edge.dead_letter import list_dead_letters  # noqa: PLC0415
-
     settings = ctx.obj.settings()
-    kind = _kind_option(kind)
-    found = _with_reader(settings, lambda execute: list_dead_letters(execute, settings.prefix, kind=kind, limit=limit))
+    found = dead_letter.read_dead_letters(settings, kind=_kind_option(kind), limit=limit)
     if as_json:
         print(json.dumps([letter.as_dict() for letter in found], indent=2))
         return
@@ -642,11 +612,9 @@ def dead_letter_show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Show one dead letter: what it was, how often it failed, and its last error. Reads only."""
-    from harel_edge.dead_letter import get_dead_letter  # noqa: PLC0415
-
     settings = ctx.obj.settings()
     wanted = _dead_letter_id(dead_letter_id)
-    letter = _with_reader(settings, lambda execute: get_dead_letter(execute, settings.prefix, wanted))
+    letter = dead_letter.read_dead_letter(settings, wanted)
     if letter is None:
         _not_found(wanted)
     if as_json:
@@ -678,11 +646,9 @@ def dead_letter_requeue(
     A message goes to the tail of its group (the group is made again if it has gone); a workflow
     goes back in its scheduler queue, ready now, and replays from its records. Fix what made it
     fail first: it is dead-lettered again after as many failures."""
-    from harel_edge.dead_letter import requeue  # noqa: PLC0415
-
     settings = ctx.obj.settings()
     wanted = _dead_letter_id(dead_letter_id)
-    letter = _with_writer(settings, lambda execute: requeue(execute, settings.prefix, wanted))
+    letter = dead_letter.requeue_dead_letter(settings, wanted)
     if letter is None:
         _not_found(wanted)
     if letter.kind == "message":
@@ -699,20 +665,17 @@ def dead_letter_purge(
     kind: str | None = typer.Option(None, "--kind", help="With --all: only this kind, message or workflow."),
 ) -> None:
     """Delete one dead letter (ID) or all of them (--all), for good."""
-    from harel_edge.dead_letter import purge, purge_all  # noqa: PLC0415
-
     settings = ctx.obj.settings()
     if (dead_letter_id is None) == (not everything):
         raise ConfigurationError("give a dead letter's ID or --all (not both)")
     if kind is not None and not everything:
         raise ConfigurationError("--kind goes with --all")
     if everything:
-        kind = _kind_option(kind)
-        count = _with_writer(settings, lambda execute: purge_all(execute, settings.prefix, kind=kind))
+        count = dead_letter.purge_dead_letters(settings, kind=_kind_option(kind)).count
         out.print(f"purged {count} dead letter{'' if count == 1 else 's'}", markup=False)
         return
     wanted = _dead_letter_id(dead_letter_id)  # type: ignore[arg-type]
-    if not _with_writer(settings, lambda execute: purge(execute, settings.prefix, wanted)):
+    if not dead_letter.purge_dead_letter(settings, wanted).count:
         _not_found(wanted)
     out.print(f"purged dead letter #{wanted}", markup=False)
 

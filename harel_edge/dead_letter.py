@@ -4,8 +4,9 @@ A message whose handling failed `max_deliveries` times (HAREL_EDGE_MAX_DELIVERIE
 workflow whose passes raised that many times in a row, is moved to `<prefix>_dead_letters`
 instead of being retried forever (a message's group would otherwise stay blocked behind it).
 These functions are what `harel-edge dead-letter` runs: each takes an `execute(sql, params)`
-callable (the shape `EdgeConnection.execute` has) and returns plain dataclasses. Every write is
-ONE statement, through the views of `schema.dead_letter_tables`. See docs/operations.md.
+callable (the shape `EdgeConnection.execute` has) and returns plain dataclasses; the `*_dead_letter*`
+ones at the end take the settings and open the database as the commands do (`access`). Every write
+is ONE statement, through the views of `schema.dead_letter_tables`. See docs/operations.md.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from harel_edge.access import with_primary_writer, with_reader
 from harel_edge.errors import SchemaError
 from harel_edge.schema import DB_NOW, EdgeNames, dead_letters_table
+from harel_edge.settings import EdgeSettings
 
 Execute = Callable[..., list[tuple]]
 Kind = Literal["message", "workflow"]
@@ -139,3 +142,47 @@ def purge_all(execute: Execute, prefix: str, *, kind: str | None = None) -> int:
     _check_kind(kind)
     table = _require_table(execute, prefix)
     return len(execute(f"DELETE FROM {table} WHERE ?1 IS NULL OR kind = ?1 RETURNING id", (kind,)))
+
+
+# ---- on the settings' database, as the commands reach it -------------------------------------------
+
+
+@dataclass(frozen=True)
+class Purged:
+    """How many dead letters a purge deleted (0: there was no such dead letter)."""
+
+    count: int
+
+
+def read_dead_letters(
+    settings: EdgeSettings, *, kind: str | None = None, limit: int = 100
+) -> list[DeadLetter]:
+    """`list_dead_letters` with reads only: a read-only token is enough."""
+    return with_reader(
+        settings, lambda execute: list_dead_letters(execute, settings.prefix, kind=kind, limit=limit)
+    )
+
+
+def read_dead_letter(settings: EdgeSettings, dead_letter_id: int) -> DeadLetter | None:
+    """`get_dead_letter` with reads only: a read-only token is enough."""
+    return with_reader(settings, lambda execute: get_dead_letter(execute, settings.prefix, dead_letter_id))
+
+
+def requeue_dead_letter(settings: EdgeSettings, dead_letter_id: int) -> DeadLetter | None:
+    """`requeue` on the primary itself, after `check_writable`; None when there is no such dead letter."""
+    return with_primary_writer(
+        settings, lambda execute: requeue(execute, settings.prefix, dead_letter_id)
+    )
+
+
+def purge_dead_letter(settings: EdgeSettings, dead_letter_id: int) -> Purged:
+    """`purge` on the primary itself, after `check_writable`."""
+    found = with_primary_writer(settings, lambda execute: purge(execute, settings.prefix, dead_letter_id))
+    return Purged(int(found))
+
+
+def purge_dead_letters(settings: EdgeSettings, *, kind: str | None = None) -> Purged:
+    """`purge_all` on the primary itself, after `check_writable`."""
+    return Purged(
+        with_primary_writer(settings, lambda execute: purge_all(execute, settings.prefix, kind=kind))
+    )
