@@ -11,6 +11,9 @@ Errors are one line on stderr that says what to do, and a non-zero exit code (se
 docs/cli.md): 1 the command ran and found a problem, 2 bad configuration or arguments,
 3 primary unreachable, 4 credentials refused, 5 the database cannot be used as it is.
 Secrets never appear in output: tokens are redacted in `config show` and scrubbed from errors.
+
+The commands' work is in library functions that return dataclasses (`publishing`, `migration`,
+`status`, `doctor`, `dead_letter`, over `access`); this module parses, renders and maps errors.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from harel_edge import dead_letter, migration
+from harel_edge import dead_letter, migration, publishing
 from harel_edge.access import check_writable
 from harel_edge.connection import explain_connect_error
 from harel_edge.doctor import diagnose
@@ -237,13 +240,10 @@ def publish(
     A group's first message fixes its priority and routing key for as long as the group has
     messages. For a statechart, the group is the execution's id: start one with
     `publish ID Start --create MACHINE` (its --data seeds the context), then send it events."""
-    from harel_edge.publishing import publish as publish_event  # noqa: PLC0415
-    from harel_edge.publishing import publish_request  # noqa: PLC0415
-
-    request = publish_request(
+    request = publishing.publish_request(
         group, kind, data, priority=priority, routing_key=routing_key, event_id=event_id, create=create
     )
-    published = publish_event(ctx.obj.settings(), request)
+    published = publishing.publish(ctx.obj.settings(), request)
     if as_json:
         print(json.dumps(published.as_dict()))
     else:
