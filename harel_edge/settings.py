@@ -38,7 +38,6 @@ PROFILES: tuple[str, ...] = ("local", "sqld", "replica")
 # self-hosted sqld's Hrana-over-HTTP port.
 SERVER_SCHEMES = ("http", "https", "libsql", "ws", "wss")
 
-DEFAULT_ASYNC_PROCESSES = 8
 
 # The publish window's range: at least a retry's whole default deadline (60 s) past the first
 # attempt, at most a year (the table keeps one row an event for the window).
@@ -175,11 +174,6 @@ class EdgeSettings(BaseSettings):
         description="Seconds a group remembers an event id it was sent: publishing the same event "
         "to it again within them (a retry of an ambiguous publish) queues nothing.",
     )
-    async_processes: int = Field(
-        default=DEFAULT_ASYNC_PROCESSES,
-        description="Worker processes (one connection each) behind the async transport on sqld and "
-        "replica, so round trips never freeze the event loop; 0: one connection on a thread.",
-    )
     metrics_port: int | None = Field(default=None, description="Serve Prometheus metrics on this port.")
     commit_linger: float = Field(
         default=0.002,
@@ -269,15 +263,6 @@ class EdgeSettings(BaseSettings):
             raise ValueError(
                 f"HAREL_EDGE_PUBLISH_WINDOW={value} is out of range: set {MIN_PUBLISH_WINDOW:g} to "
                 f"{MAX_PUBLISH_WINDOW:.0f} seconds (default 3600, an hour)"
-            )
-        return value
-
-    @field_validator("async_processes")
-    @classmethod
-    def _process_count(cls, value: int) -> int:
-        if not 0 <= value <= 64:
-            raise ValueError(
-                f"HAREL_EDGE_ASYNC_PROCESSES={value} is out of range: set 0 (threads) to 64 processes"
             )
         return value
 
@@ -405,6 +390,12 @@ class EdgeSettings(BaseSettings):
         return data
 
 
+# Variables earlier releases read, and why nothing reads them now.
+RETIRED_VARIABLES = {
+    "HAREL_EDGE_ASYNC_PROCESSES": "the durable stores speak Hrana from the event loop and start no process; remove it",
+}
+
+
 def known_variables() -> frozenset[str]:
     """Every HAREL_EDGE_* variable harel_edge reads: one a setting, and the others'."""
     return frozenset(_env(name) for name in EdgeSettings.model_fields) | OTHER_VARIABLES
@@ -441,6 +432,9 @@ def warn_unknown_variables(env_files: Any = None) -> None:
             if name.upper() in _warned:
                 continue
             _warned.add(name.upper())
+            if name.upper() in RETIRED_VARIABLES:
+                log.warning("%s%s is no longer used and is ignored: %s", name, where, RETIRED_VARIABLES[name.upper()])
+                continue
             hint = f": did you mean {guess}?" if guess else " (`harel-edge config show` lists the settings)"
             log.warning("%s%s is not a harel_edge setting and is ignored%s", name, where, hint)
 

@@ -3,10 +3,8 @@
 Statechart events take the event path (`event_path.py`): one claim statement leases many
 groups' heads with their executions, and each event's commit carries its ack, through the
 profile's executor (Hrana over HTTP to a remote primary, never blocking the loop; one shared
-commit on a local file). The durable workflows, the schema step and a replica's syncs go
-through the durable `Database`: on a local file its connection is the one the executor shares
-(one writer a process); on sqld and replica it lives in a worker process, so the driver's
-round trips never freeze the loop. Parallelism beyond one process comes from processes:
+commit on a local file). The durable workflows and the schema step share that executor
+through the durable `Database`. Parallelism beyond one process comes from processes:
 `run_processes` starts several with the `spawn` method (a libsql connection must not cross a
 fork).
 
@@ -38,11 +36,12 @@ from harel.engine.aio.distributed import AsyncWorker
 
 from harel_edge import observability, retry, schema
 from harel_edge.connection import EdgeConnection
-from harel_edge.durable import Database, LibsqlCheckpointer, LibsqlDurable, LibsqlScheduler
+from harel_edge.durable import LibsqlCheckpointer, LibsqlDurable, LibsqlScheduler
+from harel_edge.durable import connect as connect_database
 from harel_edge.durable.runtime import DurableWorker, Lost, Outcome, WorkflowFn
 from harel_edge.errors import ConfigurationError
 from harel_edge.event_path import EventPath, EventStore, EventTransport
-from harel_edge.executor import blocking_execute, open_executor
+from harel_edge.executor import blocking_execute
 from harel_edge.settings import EdgeSettings
 from harel_edge.status import check_usable, database_facts, dead_letter_status, inspect_file, queue_status
 from harel_edge.store import store_tables
@@ -270,19 +269,16 @@ async def run_worker(
 
     report = WorkerReport(settings.worker_id)
     started = time.monotonic()
-    if settings.profile == "local" or settings.async_processes == 0:
-        database = Database(await asyncio.to_thread(open_connection, settings))
-    else:
-        # The libsql driver holds the GIL for its round trips: the durable stores' connection
-        # (and the replica's syncs) live in a worker process, so they never freeze this loop.
-        database = Database.in_process(settings)
-    executor = None
+    # One executor for the process: the statecharts' event path and the durable workflows share
+    # its coalescing (locally, its one writer); remotely it speaks Hrana from this loop.
+    database = await asyncio.to_thread(connect_database, settings)
+    replica: EdgeConnection | None = None
     try:
         await database.run(lambda c: prepare(c, migrate=options.migrate, adopt=options.adopt))
-        # The statecharts' events take the event path: a claim of many (with their executions)
-        # and one commit per event carrying its ack. Locally it shares the Database's connection
-        # (one writer a process); remotely it speaks Hrana from this loop.
-        executor = open_executor(settings, local_runner=database)
+        if settings.profile == "replica":
+            # The embedded file serves this machine's local reads (status); it is synced by the sampler.
+            replica = await asyncio.to_thread(open_connection, settings)
+        executor = database.executor
         path = EventPath(executor, settings)
         transport = EventTransport(
             path,
@@ -328,7 +324,7 @@ async def run_worker(
                 )
             )
         sampler = asyncio.create_task(
-            _sample(database, executor, settings, options.sample_every, stop), name="sampler"
+            _sample(replica, executor, settings, options.sample_every, stop), name="sampler"
         )
         log.info(
             "worker started",
@@ -361,9 +357,9 @@ async def run_worker(
             await sampler
         report.groups = transport.group_counts()
     finally:
-        if executor is not None:
-            await executor.aclose()
         await database.aclose()
+        if replica is not None:
+            await asyncio.to_thread(replica.close)
     report.seconds = time.monotonic() - started
     log.info(
         "worker stopped",
@@ -422,14 +418,16 @@ async def _durable_loop(loop: DurableWorker, stop: asyncio.Event, poll: float) -
                 await asyncio.wait_for(stop.wait(), min(0.05 * 2**failures, 5.0))
 
 
-async def _sample(database: Database, executor: Any, settings: EdgeSettings, every: float, stop: asyncio.Event) -> None:
+async def _sample(
+    replica: EdgeConnection | None, executor: Any, settings: EdgeSettings, every: float, stop: asyncio.Event
+) -> None:
     """Every `every` seconds: the queue's depth for the metrics (read on the primary through the
-    executor), and on a replica a sync, so the lag metric means something while idle."""
+    executor), and a sync of the embedded replica, if any, so its lag metric means something."""
     execute = blocking_execute(executor, asyncio.get_running_loop())
     while not stop.is_set():
-        if settings.profile == "replica":
+        if replica is not None:
             try:
-                await database.run(lambda c: c.sync())
+                await asyncio.to_thread(replica.sync)
                 observability.record_sync(True)
             except Exception as exc:  # noqa: BLE001 - reported, and the next sample tries again
                 observability.record_sync(False)

@@ -8,7 +8,13 @@ one-commit combination, and a small runtime that runs workflows on them.
 See docs/durable.md for the guarantees on each profile and a worked example.
 """
 
-from harel_edge.durable.checkpointer import LibsqlCheckpointer, LibsqlEffect, Transaction, new_inbox_key
+from harel_edge.durable.checkpointer import (
+    LibsqlCheckpointer,
+    LibsqlEffect,
+    SqlEffect,
+    Transaction,
+    new_inbox_key,
+)
 from harel_edge.durable.database import Database, connect, migrate
 from harel_edge.durable.durable import LibsqlDurable, SeparateDatabasesError
 from harel_edge.durable.scheduler import LibsqlScheduler
@@ -47,6 +53,7 @@ __all__ = [
     "Pass",
     "Recorded",
     "SeparateDatabasesError",
+    "SqlEffect",
     "Transaction",
     "Written",
     "connect",

@@ -42,8 +42,8 @@ from harel_edge.durable.types import (
     from_seconds,
     to_seconds,
 )
+from harel_edge.executor import StatementError, Stmt
 from harel_edge.ids import refuse_nul
-from harel_edge.procpool import execute
 from harel_edge.schema import DB_NOW
 
 # Every statement gets the current time as one parameter: a number from an injected clock, or
@@ -117,6 +117,19 @@ WHERE workflow = ?1 AND token = ?2 AND held_until > t.now
 RETURNING (SELECT value FROM workflow_checkpoint WHERE workflow = ?1 AND step = ?3)
 """
 
+# The guards of an SqlEffect's unit: each fails its statement (json() of a non-JSON text) to abort
+# the unit when the fence did not hold, when the step is already recorded, or when the record
+# was not written (the budget ran out).
+_HELD_GUARD = "SELECT CASE WHEN changes() = 1 THEN 1 ELSE json('fenced') END"
+_NOT_RECORDED_GUARD = (
+    "SELECT CASE WHEN EXISTS (SELECT 1 FROM workflow_checkpoint WHERE workflow = ?1 AND step = ?2) "
+    "THEN json('recorded') ELSE 1 END"
+)
+_RECORDED_GUARD = (
+    "SELECT CASE WHEN EXISTS (SELECT 1 FROM workflow_checkpoint WHERE workflow = ?1 AND step = ?2) "
+    "THEN 1 ELSE json('fenced') END"
+)
+
 # A write from outside the workflow; with a namespace it also makes the workflow ready.
 ARRIVE = f"""
 INSERT INTO workflow_arrival (workflow, step, value, written_at, namespace, visible_at)
@@ -152,7 +165,21 @@ class Transaction:
         execute_many(self._connection, sql, rows)
 
 
-LibsqlEffect = Callable[[Transaction], object]
+@dataclass(frozen=True, init=False)
+class SqlEffect:
+    """An effect given as statements, and the value the step records: sent with the step's
+    fence and record as one unit, so a remote primary sees one request and no open transaction."""
+
+    statements: tuple[Stmt, ...]
+    value: object
+
+    def __init__(self, *statements: Stmt | tuple[str, tuple] | str, value: object = None) -> None:
+        stmts = tuple(s if isinstance(s, Stmt) else Stmt(s) if isinstance(s, str) else Stmt(s[0], tuple(s[1])) for s in statements)
+        object.__setattr__(self, "statements", stmts)
+        object.__setattr__(self, "value", value)
+
+
+LibsqlEffect = Callable[[Transaction], object] | SqlEffect
 
 
 def new_inbox_key() -> str:
@@ -187,15 +214,13 @@ class LibsqlCheckpointer:
         they ran.
         """
         refuse_nul(workflow, "workflow id")
-        rows = await self.database.call("durable.load", _read_synced, _LOAD, (workflow,), any_connection=True)
+        rows = await self.database.execute("durable.load", _LOAD, (workflow,))
         return {step: self.codec.decode(value) for step, value in rows}
 
     async def history(self, workflow: str) -> dict[str, Written]:
         """The same records as `load`, each with when it was written (by the writer's clock)."""
         refuse_nul(workflow, "workflow id")
-        rows = await self.database.call(
-            "durable.history", _read_synced, _HISTORY, (workflow,), any_connection=True
-        )
+        rows = await self.database.execute("durable.history", _HISTORY, (workflow,))
         return {
             step: Written(self.codec.decode(value), from_seconds(written_at))
             for step, value, written_at in rows
@@ -211,9 +236,7 @@ class LibsqlCheckpointer:
         """
         refuse_nul(workflow, "workflow id")
         budget_s, alive_s = _positive(budget, "budget"), _positive(alive, "alive")
-        rows = await self.database.call(
-            "durable.claim", execute, _CLAIM, (workflow, budget_s, alive_s, self._at()), any_connection=True
-        )
+        rows = await self.database.execute("durable.claim", _CLAIM, (workflow, budget_s, alive_s, self._at()))
         if not rows:
             return None
         token, held_until = rows[0]
@@ -222,13 +245,7 @@ class LibsqlCheckpointer:
     async def extend(self, holder: Pass, budget: timedelta, alive: timedelta) -> bool:
         """Give the claim a new budget from now; False if it is no longer this pass's."""
         budget_s, alive_s = _positive(budget, "budget"), _positive(alive, "alive")
-        rows = await self.database.call(
-            "durable.extend",
-            execute,
-            _EXTEND,
-            (holder.workflow, holder.token, budget_s, alive_s, self._at()),
-            any_connection=True,
-        )
+        rows = await self.database.execute("durable.extend", _EXTEND, (holder.workflow, holder.token, budget_s, alive_s, self._at()))
         return bool(rows)
 
     async def renew(self, holder: Pass, alive: timedelta) -> bool:
@@ -238,24 +255,12 @@ class LibsqlCheckpointer:
         budget. A renewal never revives a released claim and never lengthens the budget.
         """
         alive_s = _positive(alive, "alive")
-        rows = await self.database.call(
-            "durable.renew",
-            execute,
-            _RENEW,
-            (holder.workflow, holder.token, alive_s, self._at()),
-            any_connection=True,
-        )
+        rows = await self.database.execute("durable.renew", _RENEW, (holder.workflow, holder.token, alive_s, self._at()))
         return bool(rows) and rows[0][0] is not None
 
     async def release(self, holder: Pass) -> None:
         """Give the workflow up now, so the next pass need not wait for the claim to lapse."""
-        await self.database.call(
-            "durable.release",
-            execute,
-            _RELEASE,
-            (holder.workflow, holder.token, self._at()),
-            any_connection=True,
-        )
+        await self.database.execute("durable.release", _RELEASE, (holder.workflow, holder.token, self._at()))
 
     # ---- writing -----------------------------------------------------------------------------
 
@@ -267,13 +272,7 @@ class LibsqlCheckpointer:
         """
         refuse_nul(key, "step name")
         text = self.codec.encode(value)
-        rows = await self.database.call(
-            "durable.record",
-            execute,
-            _RECORD,
-            (holder.workflow, key, text, holder.token, self._at()),
-            any_connection=True,
-        )
+        rows = await self.database.execute("durable.record", _RECORD, (holder.workflow, key, text, holder.token, self._at()))
         held, existed, stored, written_at = rows[0]
         if not held:
             raise FencedError(_fenced(holder.workflow, holder.token))
@@ -303,6 +302,8 @@ class LibsqlCheckpointer:
         effects short anyway (sqld aborts a transaction after 5 s when another writer waits).
         """
         refuse_nul(key, "step name")
+        if isinstance(effect, SqlEffect):
+            return await self._transact_sql(holder, key, effect)
         stored = await self.database.call(
             "durable.transact",
             _transact,
@@ -316,6 +317,43 @@ class LibsqlCheckpointer:
         )
         return self.codec.decode(stored)
 
+    async def _transact_sql(self, holder: Pass, key: str, effect: SqlEffect) -> object:
+        """Fence, replay check, the effect's statements and the record as ONE unit of work."""
+        workflow, token = holder.workflow, holder.token
+        text = self.codec.encode(effect.value)
+        at = self._at()
+        stmts = [
+            Stmt(_TRANSACT_FENCE, (workflow, token, key, at)),
+            Stmt(_HELD_GUARD),
+            Stmt(_NOT_RECORDED_GUARD, (workflow, key)),
+            *effect.statements,
+            Stmt(_RECORD, (workflow, key, text, token, at)),
+            Stmt(_RECORDED_GUARD, (workflow, key)),
+        ]
+
+        async def recorded() -> str | None:
+            rows = await self.database.execute("durable.transact.lookup", _LOOKUP, (workflow, key))
+            return rows[0][0] if rows else None
+
+        try:
+            results = await self.database.transaction("durable.transact", stmts, resolve=recorded)
+        except StatementError as exc:
+            if exc.step == 1 or exc.step == len(stmts) - 1:
+                raise FencedError(_fenced(workflow, token)) from None
+            if exc.step == 2:  # a replay: recorded already, nothing was performed
+                stored = await recorded()
+                if stored is not None:
+                    return self.codec.decode(stored)
+            raise StatementError(
+                f"statement {exc.step - 3} of the effect of step {key!r} failed, so nothing of the step "
+                f"was applied: {exc}",
+                step=exc.step - 3,
+                code=exc.code,
+            ) from None
+        if isinstance(results, str):  # looked up after an unknown outcome
+            return self.codec.decode(results)
+        return self.codec.decode(results[-2].rows[0][2])
+
     async def supply(self, workflow: str, key: str, value: object) -> object:
         """File a value under `key` from outside the workflow (no claim needed).
 
@@ -325,9 +363,7 @@ class LibsqlCheckpointer:
         refuse_nul(workflow, "workflow id")
         refuse_nul(key, "key")
         text = self.codec.encode(value)
-        rows = await self.database.call(
-            "durable.supply", execute, ARRIVE, (workflow, key, text, None, self._at()), any_connection=True
-        )
+        rows = await self.database.execute("durable.supply", ARRIVE, (workflow, key, text, None, self._at()))
         return self.codec.decode(rows[0][0])
 
     async def append(self, workflow: str, value: object, key: str | None = None) -> Entry:
@@ -350,9 +386,7 @@ class LibsqlCheckpointer:
         raised number stays behind; nothing sweeps it.
         """
         refuse_nul(workflow, "workflow id")
-        rows = await self.database.call(
-            "durable.discard", execute, DISCARD, (workflow, None, self._at()), any_connection=True
-        )
+        rows = await self.database.execute("durable.discard", DISCARD, (workflow, None, self._at()))
         return int(rows[0][0])
 
 
@@ -372,12 +406,6 @@ def _fenced(workflow: str, token: int) -> str:
 
 # ---- the work functions: module-level, so that on sqld and replica they run whole in the
 # Database's worker process, next to the connection (see harel_edge.durable.database) ----------
-
-
-def _read_synced(connection: EdgeConnection, sql: str, params: tuple) -> list[tuple]:
-    """On a replica, sync first: a pass must see what earlier passes recorded, wherever they ran."""
-    connection.sync()
-    return connection.execute(sql, params)
 
 
 def _transact(

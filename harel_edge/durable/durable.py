@@ -18,7 +18,6 @@ from harel_edge.durable.scheduler import LibsqlScheduler
 from harel_edge.durable.types import Entry
 from harel_edge.errors import HarelEdgeError
 from harel_edge.ids import refuse_nul
-from harel_edge.procpool import execute
 
 
 class SeparateDatabasesError(HarelEdgeError, ValueError):
@@ -57,13 +56,7 @@ class LibsqlDurable:
         refuse_nul(workflow, "workflow id")
         refuse_nul(key, "key")
         text = self.checkpointer.codec.encode(value)
-        rows = await self.database.call(
-            "durable.arrive",
-            execute,
-            ARRIVE,
-            (workflow, key, text, self.scheduler.namespace, self.scheduler._at()),
-            any_connection=True,
-        )
+        rows = await self.database.execute("durable.arrive", ARRIVE, (workflow, key, text, self.scheduler.namespace, self.scheduler._at()))
         self.scheduler.notify()
         return self.checkpointer.codec.decode(rows[0][0])
 
@@ -85,11 +78,5 @@ class LibsqlDurable:
         happen. Returns how many records there were.
         """
         refuse_nul(workflow, "workflow id")
-        rows = await self.database.call(
-            "durable.delete",
-            execute,
-            DISCARD,
-            (workflow, self.scheduler.namespace, self.checkpointer._at()),
-            any_connection=True,
-        )
+        rows = await self.database.execute("durable.delete", DISCARD, (workflow, self.scheduler.namespace, self.checkpointer._at()))
         return int(rows[0][0])

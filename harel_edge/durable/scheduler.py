@@ -25,12 +25,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
 from harel_edge.durable.database import Database, migrate
 from harel_edge.durable.types import LEASE, POLL, Delivery, to_seconds
+from harel_edge.executor import Stmt
 from harel_edge.ids import refuse_nul
-from harel_edge.procpool import execute
 from harel_edge.schema import DB_NOW, QUEUE_BUMP
 
 _NOW = "(SELECT COALESCE(?{n}, " + DB_NOW + ") AS now) AS t"
@@ -128,9 +127,6 @@ class LibsqlScheduler:
         """Create the tables (every worker does this at start; all but the first find them)."""
         await migrate(self.database)
 
-    async def _call(self, operation: str, work: Callable[..., Any], *args: Any) -> Any:
-        return await self.database.call(operation, work, *args, any_connection=True)
-
     async def make_ready(self, workflow: str, when: datetime | None = None) -> None:
         """Ask for a pass of the workflow now (or no later than `when`).
 
@@ -140,14 +136,14 @@ class LibsqlScheduler:
         """
         refuse_nul(workflow, "workflow id")
         at = self._at() if when is None else to_seconds(when)
-        await self._call("durable.make_ready", execute, _MAKE_READY, (self.namespace, workflow, at))
+        await self.database.execute("durable.make_ready", _MAKE_READY, (self.namespace, workflow, at))
         self.notify()
 
     async def schedule(self, workflow: str, visible_at: datetime) -> None:
         """Make the workflow visible at `visible_at`, whatever its row said before."""
         refuse_nul(workflow, "workflow id")
         at = to_seconds(visible_at)
-        await self._call("durable.schedule", execute, _SCHEDULE, (self.namespace, workflow, at))
+        await self.database.execute("durable.schedule", _SCHEDULE, (self.namespace, workflow, at))
         self.notify()
 
     async def wake_at(self, delivery: Delivery, when: datetime) -> None:
@@ -158,7 +154,7 @@ class LibsqlScheduler:
         again (the deadline lives in the workflow's records), so nothing is lost by skipping.
         """
         at = to_seconds(when)
-        await self._call("durable.wake_at", execute, _WAKE_AT, (*self._receipt(delivery), at))
+        await self.database.execute("durable.wake_at", _WAKE_AT, (*self._receipt(delivery), at))
 
     async def wake_due(self, now: datetime) -> tuple[str, ...]:
         """Nothing to do: a sleeping workflow becomes visible by itself when its time comes."""
@@ -178,9 +174,7 @@ class LibsqlScheduler:
         deadline = time.monotonic() + within.total_seconds()
         while True:
             self._ready.clear()  # before looking, so a signal during the look is not lost
-            delivery, until_next = await self._call(
-                "durable.next_ready", _take, self.namespace, self.lease_seconds, self._at()
-            )
+            delivery, until_next = await self._take()
             if delivery is not None:
                 return delivery
             remaining = deadline - time.monotonic()
@@ -203,8 +197,7 @@ class LibsqlScheduler:
         nothing changes and the delivery passed in is returned.
         """
         seconds = within.total_seconds()
-        rows = await self._call(
-            "durable.extend_delivery", execute, _EXTEND, (*self._receipt(delivery), seconds, self._at())
+        rows = await self.database.execute("durable.extend_delivery", _EXTEND, (*self._receipt(delivery), seconds, self._at())
         )
         return Delivery(delivery.workflow, rows[0][0], delivery.generation) if rows else delivery
 
@@ -215,7 +208,7 @@ class LibsqlScheduler:
         receipt no row has, so a cancelled workflow is not put back to sleep.
         """
         refuse_nul(workflow, "workflow id")
-        await self._call("durable.cancel", execute, _CANCEL, (self.namespace, workflow))
+        await self.database.execute("durable.cancel", _CANCEL, (self.namespace, workflow))
 
     async def failed(self, delivery: Delivery, error: str, limit: int) -> tuple[int, bool] | None:
         """Count a pass of the delivered workflow that raised `error`; at `limit` failed passes
@@ -224,28 +217,28 @@ class LibsqlScheduler:
         Returns (failed passes, dead-lettered), or None when the row no longer carries this
         delivery's receipt (rescheduled or cancelled meanwhile: that newer write decides).
         """
-        prefix = self.database.connection.settings.prefix
+        prefix = self.database.settings.prefix
         sql = _FAILED.format(view=f"{prefix}_workflow_failure", now=_NOW.format(n=7))
-        rows = await self._call(
-            "durable.failed", execute, sql, (*self._receipt(delivery), error, limit, self._at())
+        rows = await self.database.execute("durable.failed", sql, (*self._receipt(delivery), error, limit, self._at())
         )
         return (int(rows[0][0]), bool(rows[0][1])) if rows else None
 
     async def done(self, delivery: Delivery) -> None:
         """Drop the workflow, unless something asked for another pass while this one ran."""
-        await self._call("durable.done", execute, _DONE, self._receipt(delivery))
+        await self.database.execute("durable.done", _DONE, self._receipt(delivery))
+
+    async def _take(self) -> tuple[Delivery | None, float | None]:
+        """The next visible workflow, or how long until the earliest becomes visible: both
+        statements in one unit, so one round trip to a remote primary."""
+        at = self._at()
+        took, until = await self.database.transaction(
+            "durable.next_ready",
+            [Stmt(_TAKE, (self.namespace, self.lease_seconds, at)), Stmt(_UNTIL_NEXT, (self.namespace, at))],
+        )
+        if took.rows:
+            workflow, visible_at, generation = took.rows[0]
+            return Delivery(workflow, visible_at, generation), None
+        return None, (until.rows[0][0] if until.rows else None)
 
     def _receipt(self, delivery: Delivery) -> tuple:
         return (self.namespace, delivery.workflow, delivery.receipt, delivery.generation)
-
-
-def _take(  # noqa: ANN001 - connection: an EdgeConnection
-    connection, namespace: str, lease_seconds: float, at: float | None
-) -> tuple[Delivery | None, float | None]:
-    """The next visible workflow, or how long until the earliest becomes visible. A module-level
-    function, so that on sqld and replica it runs whole next to the connection, in one request."""
-    rows = connection.execute(_TAKE, (namespace, lease_seconds, at))
-    if rows:
-        return Delivery(rows[0][0], rows[0][1], rows[0][2]), None
-    rows = connection.execute(_UNTIL_NEXT, (namespace, at))
-    return None, (rows[0][0] if rows else None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -174,12 +175,25 @@ class HranaExecutor:
             except Exception as exc:  # noqa: BLE001 - handed to the unit's caller
                 unit.future.set_exception(exc)
 
-    async def _post(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """One HTTP exchange; raises what a caller's retry policy can classify."""
-        body = {"baton": None, "requests": [*requests, {"type": "close"}]}
+    def session(self) -> HranaSession:
+        """A stream of its own on the primary, for work that holds a transaction across round
+        trips (a Python effect); its statements are not coalesced with other units."""
+        if self.closed:
+            raise ExecutorClosedError(f"{self!r} was closed: open a new store to go on")
+        return HranaSession(self)
+
+    async def _post(
+        self, requests: list[dict[str, Any]], *, stream: HranaSession | None = None
+    ) -> list[dict[str, Any]]:
+        """One HTTP exchange; raises what a caller's retry policy can classify. Without a
+        `stream` the exchange opens a stream and closes it; with one, it goes on that stream."""
+        if stream is None:
+            url, body = PIPELINE, {"baton": None, "requests": [*requests, {"type": "close"}]}
+        else:
+            url, body = stream.url, {"baton": stream.baton, "requests": requests}
         self.exchanges += 1
         try:
-            response = await self._client.post(PIPELINE, json=body)
+            response = await self._client.post(url, json=body)
         except httpx.TimeoutException as exc:
             raise PrimaryUnavailableError(
                 f"the primary at {self.where} did not answer in time ({type(exc).__name__}); its "
@@ -206,9 +220,12 @@ class HranaExecutor:
                 f"{response.text[:300]}"
             )
         try:
-            results = response.json()["results"]
+            answer = response.json()
+            results = answer["results"]
             if not isinstance(results, list) or len(results) < len(requests):
                 raise ValueError("fewer results than requests")
+            if stream is not None:
+                stream.follow(answer.get("baton"), answer.get("base_url"))
         except (ValueError, KeyError, TypeError) as exc:
             raise PrimaryUnavailableError(
                 f"the primary at {self.where} sent an answer that is not Hrana ({exc}); its outcome "
@@ -246,6 +263,39 @@ class HranaExecutor:
             last_rowid=int(rowid) if rowid is not None else None,
             replication_index=index,
         )
+
+
+class HranaSession:
+    """One Hrana stream: statements run in order on one connection of the primary, so a
+    transaction can span several requests. Closing the stream rolls back what it left open."""
+
+    def __init__(self, executor: HranaExecutor) -> None:
+        self._executor = executor
+        self.url = PIPELINE
+        self.baton: str | None = None
+        self.closed = False
+
+    def follow(self, baton: str | None, base_url: str | None) -> None:
+        """Take the next request's baton (and address, when the primary moves the stream)."""
+        self.baton = baton
+        if base_url:
+            self.url = base_url.rstrip("/") + PIPELINE
+
+    async def execute(self, stmt: Stmt) -> Result:
+        if self.closed:
+            raise ExecutorClosedError("this Hrana stream was closed")
+        [result] = await self._executor._post([{"type": "execute", "stmt": _stmt(stmt)}], stream=self)
+        return self._executor._unit_result(result, 0)
+
+    async def aclose(self) -> None:
+        """End the stream; best effort, since an unreachable primary drops it by itself."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.baton is None:
+            return
+        with contextlib.suppress(Exception):
+            await self._executor._post([{"type": "close"}], stream=self)
 
 
 def _statement_error(error: dict[str, Any], step: int) -> StatementError:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from harel_edge.connection import connect as open_connection
 from harel_edge.durable import FencedError, LibsqlCheckpointer, connect, migrate
 from harel_edge.durable.runtime import Context, DurableWorker, Finished, Sleeping, run_durably
 from harel_edge.errors import SchemaTooNewError
@@ -134,15 +135,16 @@ def test_fencing_holds_on_the_primary_whatever_a_stale_replica_has_seen(
         two.checkpointer.now = one.clock  # one clock for both, moved by hand
         workflow = one.workflow()
         old = await one.checkpointer.claim(workflow, behaviours.BUDGET, behaviours.ALIVE)
+        # An embedded replica of the same database, synced now (it sees the old claim)...
+        stale = await asyncio.to_thread(open_connection, replica(primary, tmp_path / "stale.db"))
         one.clock.advance(seconds=31)
         new = await two.checkpointer.claim(workflow, behaviours.BUDGET, behaviours.ALIVE)
         assert new is not None and new.token == old.token + 1
-        # Replica one has not synced the takeover: its local file still shows the old claim...
-        local = await one.database.run(
-            lambda c: c.execute("SELECT token FROM workflow_claim WHERE workflow = ?", (workflow,))
-        )
+        # ...has not synced the takeover: its local file still shows the old claim...
+        local = stale.execute("SELECT token FROM workflow_claim WHERE workflow = ?", (workflow,))
+        stale.close()
         assert local == [(old.token,)]
-        # ...but its writes are decided on the primary.
+        # ...but the stores' writes are decided on the primary.
         with pytest.raises(FencedError):
             await one.checkpointer.record(old, "step", "old")
         with pytest.raises(FencedError):

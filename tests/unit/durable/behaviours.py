@@ -26,10 +26,12 @@ from harel_edge.durable import (
     LibsqlCheckpointer,
     LibsqlDurable,
     LibsqlScheduler,
+    SqlEffect,
     connect,
     migrate,
 )
 from harel_edge.durable.database import Database
+from harel_edge.executor import StatementError
 from harel_edge.settings import EdgeSettings
 
 HOUR = timedelta(hours=1)
@@ -532,6 +534,41 @@ async def _refuse_queue_writes(s: Stores, workflow: str) -> None:
 
 
 Behaviour = Callable[[Stores], Awaitable[None]]
+
+async def a_transact_whose_effect_is_sql_applies_it_with_its_record_once(s: Stores) -> None:
+    wf = s.workflow()
+    holder = await s.checkpointer.claim(wf, BUDGET, ALIVE)
+    effect = SqlEffect(("INSERT INTO durable_effects (workflow, step) VALUES (?, 'charge')", (wf,)), value={"id": 7})
+    assert await s.checkpointer.transact(holder, "charge", effect) == {"id": 7}
+    s.clock.advance(seconds=31)
+    later = await s.checkpointer.claim(wf, BUDGET, ALIVE)  # a new pass replays the workflow
+    assert await s.checkpointer.transact(later, "charge", effect) == {"id": 7}
+    assert await s.effects(wf) == [("charge",)]
+    assert await s.checkpointer.load(wf) == {"charge": {"id": 7}}
+
+
+async def an_sql_effect_whose_statement_fails_applies_nothing_and_can_be_tried_again(s: Stores) -> None:
+    wf = s.workflow()
+    holder = await s.checkpointer.claim(wf, BUDGET, ALIVE)
+    insert = ("INSERT INTO durable_effects (workflow, step) VALUES (?, 'charge')", (wf,))
+    with pytest.raises(StatementError, match="statement 1 of the effect of step 'charge'"):
+        await s.checkpointer.transact(holder, "charge", SqlEffect(insert, "INSERT INTO no_such_table VALUES (1)"))
+    assert await s.effects(wf) == [] and await s.checkpointer.load(wf) == {}
+    assert await s.checkpointer.transact(holder, "charge", SqlEffect(insert, value=1)) == 1
+    assert await s.effects(wf) == [("charge",)]
+
+
+async def an_sql_effect_of_a_superseded_pass_is_fenced_and_applies_nothing(s: Stores) -> None:
+    wf = s.workflow()
+    old = await s.checkpointer.claim(wf, BUDGET, ALIVE)
+    s.clock.advance(seconds=31)
+    assert await s.checkpointer.claim(wf, BUDGET, ALIVE) is not None
+    with pytest.raises(FencedError):
+        await s.checkpointer.transact(
+            old, "charge", SqlEffect(("INSERT INTO durable_effects (workflow, step) VALUES (?, 'charge')", (wf,)))
+        )
+    assert await s.effects(wf) == [] and await s.checkpointer.load(wf) == {}
+
 
 ALL: list[Behaviour] = [
     value

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harel_edge import schema
-from harel_edge.durable import Database, DatabaseClosedError, connect, migrate
+from harel_edge.durable import DatabaseClosedError, connect, migrate
 from harel_edge.errors import SchemaTooNewError
 from harel_edge.settings import EdgeSettings
 
@@ -251,17 +251,3 @@ def test_connect_given_a_path_opens_the_local_file_there_whatever_the_environmen
     assert asyncio.run(scenario()) == "local"
     with sqlite3.connect(path) as check:
         assert check.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION
-
-
-def test_executemany_on_a_connection_in_a_worker_process_writes_every_row(settings) -> None:  # noqa: ANN001
-    async def scenario() -> list[tuple]:
-        database = Database.in_process(settings)  # a RemoteConnection, on a local file here
-        try:
-            await database.run(lambda c: c.execute("CREATE TABLE t (n INTEGER)"))
-            # A lambda cannot be pickled: it runs here, and executemany is a request to the worker.
-            await database.run(lambda c: c.executemany("INSERT INTO t (n) VALUES (?)", [(1,), (2,), (3,)]))
-            return await database.run(lambda c: c.execute("SELECT n FROM t ORDER BY n"))
-        finally:
-            await database.aclose()
-
-    assert asyncio.run(scenario()) == [(1,), (2,), (3,)]
