@@ -4,8 +4,8 @@ primary is paused and killed as well; every effect must still have happened exac
 The workload: WORKFLOWS workflows of STEPS steps each; every step is a `ctx.transact` whose
 effect inserts one row into `chaos_effects` (no unique constraint: a second execution would
 show as a second row). Worker processes (spawned, as a libsql connection must not cross a
-fork, and not daemonic, so that each runs the durable Database's default design: on sqld and
-replica, its connection in a process of its own) run `DurableWorker`s; some kill themselves
+fork) run `DurableWorker`s (on a local file through its connection; on sqld and replica over
+Hrana streams from the event loop); some kill themselves
 with SIGKILL inside a step (before the effect's write, after it, or a few milliseconds later
 from a timer, which lands in the record, the COMMIT or just after it), and the test kills
 others from outside at random moments. Dead workers are replaced. On sqld and through
@@ -66,12 +66,11 @@ async def _work(
     settings: EdgeSettings, rng: random.Random, kill_rate: float, kills_log: str, designs_log: str
 ) -> None:
     from harel_edge.durable import LibsqlCheckpointer, LibsqlDurable, LibsqlScheduler, connect
-    from harel_edge.durable.database import RemoteConnection
     from harel_edge.durable.runtime import DurableWorker
 
     database = connect(settings)
     with open(designs_log, "a") as log:  # where this worker's connection lives
-        log.write(("process" if isinstance(database.connection, RemoteConnection) else "thread") + "\n")
+        log.write(("hrana" if database.is_remote else "file") + "\n")
     durable = LibsqlDurable(
         LibsqlCheckpointer(database),
         LibsqlScheduler(database, namespace=NAMESPACE, lease=LEASE, poll=timedelta(milliseconds=50)),
@@ -189,7 +188,7 @@ def run_chaos(
         process = context.Process(
             target=worker_main,
             args=(payload, rng.randrange(2**32), kill_rate, kills_log, designs_log),
-            daemon=False,  # a daemonic process may not start children: it would keep the thread design
+            daemon=False,
         )
         process.start()
         workers[slot] = process
@@ -346,9 +345,8 @@ def _assert_exactly_once(summary: dict) -> None:
     assert not summary["effects missing"] and not summary["effects doubled"], summary
     assert not summary["effects without a record"] and not summary["records without an effect"], summary
     assert summary["workers killed inside transact (by themselves)"] >= 10, summary  # the faults happened
-    # Every worker ran the design its profile gets by default: a thread on a local file, a
-    # worker process for the connection on sqld and replica.
-    default = "thread" if summary["profile"] == "local" else "process"
+    # Every worker ran the design its profile gets: the file's connection locally, Hrana remotely.
+    default = "file" if summary["profile"] == "local" else "hrana"
     assert set(summary["worker designs"]) == {default}, summary
 
 
