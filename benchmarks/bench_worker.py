@@ -33,11 +33,13 @@ from harel.engine.execution import Execution, Status
 from harel.spec.states import Event
 
 from harel_edge import observability
+from harel_edge.connection import EdgeConnection
 from harel_edge.executor import Stmt, open_executor
+from harel_edge.migration import prepare_database
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
 from harel_edge.transport import LibsqlTransport, Message
-from harel_edge.worker import WorkerOptions, open_connection, prepare_database, run_worker
+from harel_edge.worker import WorkerOptions, run_worker
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "harel_edge" / "examples"
 STEPS = (("Start", {}), ("Pay", {"amount": 1.0}), ("Ship", {}), ("Deliver", {}))
@@ -53,7 +55,7 @@ def messages(orders: int) -> list[Message]:
 
 def seed_edge(settings, orders: int) -> None:
     prepare_database(settings)
-    connection = open_connection(settings)
+    connection = EdgeConnection(settings)
     try:
         store = EdgeStore(connection=connection, create_schema=False)
         for i in range(orders):

@@ -7,9 +7,9 @@ Nothing here reads the environment at import: settings are read when `EdgeSettin
 from harel_edge.aio_transport import AsyncLibsqlTransport
 from harel_edge.connection import EdgeConnection, connect
 from harel_edge.errors import (
-    AmbiguousCommitError,
     AuthError,
     ConfigurationError,
+    ForeignDatabaseError,
     HarelEdgeError,
     NotADatabaseError,
     PrimaryUnavailableError,
@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "SCHEMA_VERSION",
-    "AmbiguousCommitError",
+    "ForeignDatabaseError",
     "AsyncLibsqlTransport",
     "AuthError",
     "ConfigurationError",

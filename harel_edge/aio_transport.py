@@ -17,8 +17,8 @@ from harel_edge import schema
 from harel_edge.event_path import EventPath, EventTransport
 from harel_edge.executor import Executor, blocking_execute, open_executor
 from harel_edge.executor.local import LocalExecutor
-from harel_edge.settings import EdgeSettings
-from harel_edge.transport import Clock, LibsqlTransport, _explicit_settings, check_schema
+from harel_edge.settings import EdgeSettings, settings_for_database
+from harel_edge.transport import Clock, LibsqlTransport, check_schema
 
 
 class AsyncLibsqlTransport(EventTransport):
@@ -54,7 +54,7 @@ class AsyncLibsqlTransport(EventTransport):
     ) -> AsyncLibsqlTransport:
         """Open the transport `database` names (a file, a server URL, or a replica's file with
         `sync_url`), without blocking the loop."""
-        settings = _explicit_settings(database, auth_token, sync_url, sync_interval, prefix, routing_keys)
+        settings = settings_for_database(database, auth_token, sync_url, sync_interval, prefix, routing_keys)
         return await cls._open(settings, clock, create_schema)
 
     @classmethod

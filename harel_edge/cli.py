@@ -44,6 +44,7 @@ from harel_edge.errors import (
     AuthError,
     ConfigurationError,
     DatabaseAccessError,
+    ForeignDatabaseError,
     HarelEdgeError,
     NotADatabaseError,
     PrimaryUnavailableError,
@@ -158,7 +159,7 @@ def _code_for(exc: BaseException) -> int:
         return EXIT_UNREACHABLE
     if isinstance(exc, AuthError):
         return EXIT_AUTH
-    if isinstance(exc, (NotADatabaseError, SchemaError, DatabaseAccessError)):
+    if isinstance(exc, (NotADatabaseError, ForeignDatabaseError, SchemaError, DatabaseAccessError)):
         return EXIT_DATABASE
     return EXIT_PROBLEM
 
@@ -382,9 +383,7 @@ def migrate(
     if print_sql:
         sys.stdout.write(migration.migration_script(settings.prefix))
         return
-    from harel_edge.worker import prepare  # noqa: PLC0415
-
-    done = migration.migrate(settings, prepare, adopt=adopt)
+    done = migration.migrate(settings, adopt=adopt)
     if done.up_to_date:
         out.print(f"schema version {done.found}: up to date ({done.where})", markup=False)
     else:
@@ -428,7 +427,7 @@ def doctor(
     if as_json:
         print(json.dumps(diagnosis.as_dict(), indent=2))
     else:
-        marks = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
+        marks = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
         for check in diagnosis.checks:
             out.print(f"{marks[check.level]}  {check.name}: {check.detail}", markup=False)
             if check.fix and check.level != "ok":
@@ -475,7 +474,8 @@ def worker(
     harel's worker on this transport (the .stm machines in --definitions) and the durable-workflow
     loop (each --workflow), until SIGTERM or SIGINT; then it finishes or gives back what it holds
     and exits 0."""
-    from harel_edge.worker import WorkerOptions, load_definitions, parse_workflow, run_processes, serve  # noqa: PLC0415
+    from harel_edge.supervisor import run_processes  # noqa: PLC0415
+    from harel_edge.worker import WorkerOptions, load_definitions, parse_workflow, serve  # noqa: PLC0415
 
     g: Globals = ctx.obj
     settings = g.settings(**({"metrics_port": metrics_port} if metrics_port is not None else {}))

@@ -58,7 +58,7 @@ class EdgeConnection:
 
     def __init__(self, settings: EdgeSettings) -> None:
         self.settings = settings
-        self.profile: str = settings.profile or "local"
+        self.profile: str = settings.profile
         self.last_sync_at: float | None = None
         self.last_sync_error: str | None = None
         self._raw: Any = None

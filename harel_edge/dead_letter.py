@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from harel_edge import schema
 from harel_edge.access import with_primary_writer, with_reader
 from harel_edge.errors import SchemaError
 from harel_edge.schema import DB_NOW, EdgeNames, dead_letters_table
@@ -75,10 +76,7 @@ def _dead_letter(row: tuple) -> DeadLetter:
 
 
 def has_dead_letters_table(execute: Execute, prefix: str) -> bool:
-    rows = execute(
-        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?", (dead_letters_table(prefix),)
-    )
-    return bool(rows[0][0])
+    return schema.table_exists(execute, dead_letters_table(prefix))
 
 
 def _require_table(execute: Execute, prefix: str) -> str:

@@ -33,6 +33,10 @@ class NotADatabaseError(HarelEdgeError):
     """The file is not a SQLite/libSQL database (corrupt, encrypted, or some other file)."""
 
 
+class ForeignDatabaseError(HarelEdgeError):
+    """The database holds another application's tables and none of harel_edge's."""
+
+
 class DamagedDatabaseError(NotADatabaseError):
     """SQLite opens the file, but its integrity check finds damaged pages (`problems`)."""
 
@@ -52,7 +56,3 @@ class PrimaryUnavailableError(HarelEdgeError):
 
 class AuthError(HarelEdgeError):
     """The primary refused the token: missing, invalid, expired, or read-only for a write."""
-
-
-class AmbiguousCommitError(HarelEdgeError):
-    """A write's outcome could not be established, even by looking it up afterwards."""

@@ -22,32 +22,21 @@ from typing import Any
 import structlog
 from harel.engine.execution import Execution
 from harel.engine.schema import Names
-from harel.engine.store._base import (
-    _IDS_WITH_PREFIX_SQL,
-    _PURGE_COMPANIONS_SQL,
-    DEFAULT_TRACE_MAX,
-    OutboxEntry,
-    SpawnEntry,
-    StoreConflict,
-    _decode_offset,
-    _like_prefix,
-    _listing_page,
-    _listing_sql_sqlite,
-)
+from harel.engine.store import OutboxEntry, SpawnEntry, StoreConflict
 from harel.engine.transport import Lease
 from harel.spec.states import Event
 from pydantic_core import from_json
 
-from harel_edge import observability, retry
+from harel_edge import observability, retry, store_sql
 from harel_edge.executor import Executor, Result, StatementError, Stmt
 from harel_edge.schema import DB_NOW, PARKED, EdgeNames, dead_letters_table
 from harel_edge.settings import EdgeSettings
 from harel_edge.transport import (
     BATCH_ROWS,
     Message,
-    _claim_sql,
-    _row,
     claim_params,
+    claim_sql,
+    message_row,
     publish_statement,
     published_sql,
 )
@@ -160,7 +149,7 @@ class EventTransport:
     async def publish_many(self, messages: Iterable[Message | tuple]) -> int:
         """All or none, in order; one unit of work (one statement up to BATCH_ROWS messages).
         Idempotent on each event id within `publish_window` (see `LibsqlTransport.publish_many`)."""
-        rows = [_row(item) for item in messages]
+        rows = [message_row(item) for item in messages]
         if not rows:
             return 0
         q = self.path.queue
@@ -234,7 +223,7 @@ class EventTransport:
     ) -> tuple[list[Lease], int]:
         """One claim statement: the leases to hand out, and how many messages it buried."""
         token, params = claim_params(worker_id, visibility, min_priority, keys, self.path.now())
-        sql = self._claim_sql(len(keys), with_execution)
+        sql = self._claim_statement(len(keys), with_execution)
         q = self.path.queue
 
         async def attempt() -> list[tuple]:
@@ -253,7 +242,7 @@ class EventTransport:
         rows = sorted(await self.path.run("claim", attempt, resolve), key=lambda row: row[0])
         leases, buried = [], 0
         for row in rows:
-            lease = _lease(row, token)
+            lease = lease_from_row(row, token)
             deliveries = int(row[-1] or 0)
             if self.max_deliveries and deliveries > self.max_deliveries:
                 buried += 1
@@ -266,10 +255,10 @@ class EventTransport:
             leases.append(lease)
         return leases, buried
 
-    def _claim_sql(self, keys: int, with_execution: bool) -> str:
+    def _claim_statement(self, keys: int, with_execution: bool) -> str:
         sql = self._sql.get((keys, with_execution))
         if sql is None:
-            sql = self._sql[(keys, with_execution)] = _claim_sql(
+            sql = self._sql[(keys, with_execution)] = claim_sql(
                 self.path.queue, keys, many=True, returning=self._returning(with_execution)
             )
         return sql
@@ -496,7 +485,7 @@ class EventStore:
 
     def __init__(self, path: EventPath) -> None:
         self.path = path
-        self.trace_max = DEFAULT_TRACE_MAX
+        self.trace_max = store_sql.TRACE_MAX
 
     @property
     def _n(self) -> Names:
@@ -538,9 +527,9 @@ class EventStore:
         return bool(rows)
 
     async def list_executions(self, *, status=None, definition_id=None, roots_only=False, limit=100, cursor=None):  # noqa: ANN001, ANN201 - harel's signature
-        off = _decode_offset(cursor)
-        sql, params = _listing_sql_sqlite(self._n.executions, status, definition_id, roots_only, limit, off)
-        return _listing_page(await self._rows(sql, *params, operation="store.list"), limit, off)
+        off = store_sql.decode_offset(cursor)
+        sql, params = store_sql.listing_query(self._n.executions, status, definition_id, roots_only, limit, off)
+        return store_sql.listing_page(await self._rows(sql, *params, operation="store.list"), limit, off)
 
     async def read_trace(self, execution_id: str) -> list[dict]:
         rows = await self._rows(f"SELECT idx, entry FROM {self._n.trace} WHERE execution_id = ? ORDER BY idx", execution_id)
@@ -561,7 +550,7 @@ class EventStore:
         return [(eid, p, fa) for eid, p, fa in rows]
 
     async def ids_with_prefix(self, prefix: str) -> list[str]:
-        return [r[0] for r in await self._rows(self._n.sql(_IDS_WITH_PREFIX_SQL), _like_prefix(prefix))]
+        return [r[0] for r in await self._rows(self._n.sql(store_sql.IDS_WITH_PREFIX), store_sql.like_prefix(prefix))]
 
     # ---- writes ------------------------------------------------------------------------------------
 
@@ -643,7 +632,7 @@ class EventStore:
         stmts = [
             Stmt(f"DELETE FROM {n.executions} WHERE id = ? AND version = ?", (execution_id, expected_version)),
             Stmt("SELECT CASE WHEN changes() = 1 THEN 1 ELSE json('harel_edge: moved on') END"),
-            *[Stmt(n.sql(sql), (execution_id,)) for sql in _PURGE_COMPANIONS_SQL],
+            *[Stmt(n.sql(sql), (execution_id,)) for sql in store_sql.PURGE_COMPANIONS],
         ]
 
         async def attempt() -> bool:
@@ -746,6 +735,6 @@ def _fence(lease: Lease) -> tuple[str, tuple]:
     return "seq = ?", (lease.seq,)
 
 
-def _lease(row: tuple, token: str) -> Lease:
+def lease_from_row(row: tuple, token: str) -> Lease:
     seq, group_id, event = row[:3]
     return Lease(int(seq), group_id, Event.model_validate(from_json(event, cache_strings=False)), token=token)

@@ -6,19 +6,14 @@ after `access.check_writable`, so a database a command migrates is the one a wor
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from harel_edge import schema
+from harel_edge import retry, schema
 from harel_edge.access import open_for_writing
 from harel_edge.connection import EdgeConnection
 from harel_edge.settings import EdgeSettings
-from harel_edge.status import settings_summary
+from harel_edge.status import check_usable, database_facts, settings_summary
 from harel_edge.store import store_tables
-
-# The workers' schema step: refuse a foreign or newer database, create or upgrade every table,
-# return the version found (`prepare(connection, migrate=True, adopt=...)`).
-Prepare = Callable[..., int]
 
 
 @dataclass(frozen=True)
@@ -34,7 +29,7 @@ class Migration:
         return self.found == self.version
 
 
-def migrate(settings: EdgeSettings, prepare: Prepare, *, adopt: bool = False) -> Migration:
+def migrate(settings: EdgeSettings, *, adopt: bool = False) -> Migration:
     """Create or upgrade the schema with the workers' `prepare`; idempotent, safe while workers run."""
     connection: EdgeConnection = open_for_writing(settings, adopt=adopt)
     try:
@@ -57,3 +52,41 @@ def migration_script(prefix: str) -> str:
     lines += ["", "-- harel's execution store (the worker's EdgeStore), as harel creates it:"]
     lines += [f"{statement};" for statement in store_tables(prefix)]
     return "\n".join(lines) + "\n"
+
+
+def prepare(connection: EdgeConnection, *, migrate: bool, adopt: bool = False) -> int:
+    """Refuse a foreign or newer database, then create or upgrade every table the worker uses.
+
+    Returns the schema version found. Runs through the retry policy; idempotent, and safe when
+    several workers start at once.
+    """
+    settings = connection.settings
+    where = settings.server or settings.db_path
+
+    def work() -> int:
+        facts = database_facts(connection.execute)
+        check_usable(facts, settings.prefix, where, adopt=adopt)
+        if not migrate:
+            return facts.user_version
+        found = schema.migrate(connection.execute, settings.prefix)
+        for statement in store_tables(settings.prefix):
+            connection.execute(statement)
+        return found
+
+    return retry.call_with_retry(settings, "migrate", work, recover=lambda exc: _recover(connection, exc))
+
+
+def prepare_database(settings: EdgeSettings, *, adopt: bool = False) -> int:
+    """`prepare` on a connection opened for the purpose: create or upgrade every table."""
+    connection = EdgeConnection(settings)
+    try:
+        return prepare(connection, migrate=True, adopt=adopt)
+    finally:
+        connection.close()
+
+
+def _recover(connection: EdgeConnection, exc: BaseException) -> None:
+    if retry.needs_reopen(exc):
+        connection.reopen()
+    else:
+        connection.sync()

@@ -121,8 +121,4 @@ def create_execution(connection: EdgeConnection, execution_id: str, machine: str
 
 
 def _has_groups_table(connection: EdgeConnection, prefix: str) -> bool:
-    rows = connection.execute(
-        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
-        (EdgeNames(prefix).groups,),
-    )
-    return bool(rows[0][0])
+    return schema.table_exists(connection.execute, EdgeNames(prefix).groups)

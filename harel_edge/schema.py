@@ -437,17 +437,28 @@ def migration_sql(prefix: str = DEFAULT_PREFIX) -> list[str]:
 Execute = Callable[[str], list[tuple]]
 
 
+def refuse_newer(found: int, where: str = "this database") -> None:
+    """The one check that a database was not written by a newer harel_edge (which this one must
+    not touch), with the one message that says what to do."""
+    if found > SCHEMA_VERSION:
+        raise SchemaTooNewError(
+            f"{where} has schema version {found}, newer than {SCHEMA_VERSION} which this harel_edge "
+            "understands: upgrade harel_edge on this machine (never downgrade a database); nothing was changed"
+        )
+
+
+def table_exists(execute: Callable[..., list[tuple]], name: str) -> bool:
+    rows = execute("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+    return bool(rows[0][0])
+
+
 def migrate(execute: Execute, prefix: str = DEFAULT_PREFIX) -> int:
     """Bring the file up to `SCHEMA_VERSION` through `execute` (one statement, returns rows).
 
     Returns the version the file had before. Safe to run from every process at every start.
     """
     found = read_version(execute)
-    if found > SCHEMA_VERSION:
-        raise SchemaTooNewError(
-            f"this database has schema version {found}, newer than {SCHEMA_VERSION} which this "
-            "harel_edge understands: upgrade harel_edge on this machine (never downgrade a database)"
-        )
+    refuse_newer(found)
     for statement in transport_tables(prefix):
         execute(statement)
     _add_routing_key(execute, prefix)

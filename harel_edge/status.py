@@ -29,9 +29,9 @@ from harel_edge import schema
 from harel_edge.errors import (
     DamagedDatabaseError,
     DatabaseAccessError,
+    ForeignDatabaseError,
     NotADatabaseError,
     SchemaError,
-    SchemaTooNewError,
 )
 from harel_edge.schema import DB_NOW, PARKED, EdgeNames
 from harel_edge.settings import EdgeSettings
@@ -79,15 +79,11 @@ def database_facts(execute: Execute) -> DatabaseFacts:
 def check_usable(facts: DatabaseFacts, prefix: str, where: str, *, adopt: bool = False) -> None:
     """Refuse a database harel_edge must not touch: written by a newer version, or another
     application's (its tables and none of ours) unless `adopt` says to share it on purpose."""
-    if facts.user_version > schema.SCHEMA_VERSION:
-        raise SchemaTooNewError(
-            f"{where} has schema version {facts.user_version}, newer than {schema.SCHEMA_VERSION} which "
-            "this harel_edge understands: upgrade harel_edge here (never downgrade a database); nothing was changed"
-        )
+    schema.refuse_newer(facts.user_version, str(where))
     foreign = facts.foreign(prefix)
     if foreign and not facts.ours(prefix) and not adopt:
         shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-        raise NotADatabaseError(
+        raise ForeignDatabaseError(
             f"{where} holds another application's tables ({shown}) and no harel_edge tables: point "
             "HAREL_EDGE_DB_PATH / HAREL_EDGE_URL at a harel_edge database or an empty one, or run "
             "`harel-edge migrate --adopt` to add harel_edge's tables beside them on purpose; nothing was changed"
@@ -513,7 +509,7 @@ def collect_status(settings: EdgeSettings, top: int = 10) -> StatusReport:
 
 # ---- doctor's checks ---------------------------------------------------------------------------
 
-Level = Literal["ok", "warn", "fail", "skip"]
+Level = Literal["ok", "warn", "fail"]
 
 
 @dataclass

@@ -37,9 +37,8 @@ import structlog
 from harel.engine.execution import Execution
 from harel.engine.schema import Names, store_schema
 from harel.engine.store import LibsqlStore
-from harel.engine.store._base import DEFAULT_TRACE_MAX
 
-from harel_edge import observability, retry
+from harel_edge import observability, retry, schema, store_sql
 from harel_edge.connection import EdgeConnection
 from harel_edge.errors import SchemaError
 from harel_edge.settings import EdgeSettings
@@ -99,7 +98,7 @@ class EdgeStore(LibsqlStore):
         self.settings = self._edge.settings
         self._n = Names(self.settings.prefix)
         self._conn = _Driver(self._edge)
-        self.trace_max = DEFAULT_TRACE_MAX
+        self.trace_max = store_sql.TRACE_MAX
         try:
             if create_schema:
                 self._retry("store.schema", self._create_tables)
@@ -215,10 +214,7 @@ class EdgeStore(LibsqlStore):
             self._edge.execute(statement)
 
     def _check_tables(self) -> None:
-        rows = self._edge.execute(
-            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?", (self._n.executions,)
-        )
-        if not rows[0][0]:
+        if not schema.table_exists(self._edge.execute, self._n.executions):
             raise SchemaError(
                 f"{self._n.executions} does not exist and create_schema=False: run `harel-edge migrate` "
                 "(or apply `harel-edge migrate --print-sql` with your migration tool)"

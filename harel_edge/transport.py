@@ -44,10 +44,10 @@ from pydantic_core import from_json
 
 from harel_edge import observability, retry, schema
 from harel_edge.connection import EdgeConnection
-from harel_edge.errors import SchemaError, SchemaTooNewError
+from harel_edge.errors import SchemaError
 from harel_edge.ids import refuse_nul
 from harel_edge.schema import DB_NOW, PARKED, EdgeNames
-from harel_edge.settings import EdgeSettings, ExplicitSettings
+from harel_edge.settings import EdgeSettings, settings_for_database
 
 log = structlog.get_logger("harel_edge.transport")
 
@@ -71,7 +71,7 @@ class Message:
     routing_key: str | None = None
 
 
-def _claim_sql(n: EdgeNames, routing_keys: int, *, many: bool = False, returning: str = "") -> str:
+def claim_sql(n: EdgeNames, routing_keys: int, *, many: bool = False, returning: str = "") -> str:
     """The claim: the spec's selection (among groups with nothing in flight, priority floor and
     keys, the one whose last claim is oldest, ties by arrival) and its lease, in one statement;
     `many` leases the heads of up to `?` groups. Parameters: token, now, visibility,
@@ -178,7 +178,7 @@ class LibsqlTransport:
         if connection is not None:
             settings = connection.settings
         elif settings is None:
-            settings = _explicit_settings(database, auth_token, sync_url, sync_interval, prefix, routing_keys)
+            settings = settings_for_database(database, auth_token, sync_url, sync_interval, prefix, routing_keys)
         self.settings = settings
         self._n = EdgeNames(settings.prefix)
         self._clock = clock
@@ -221,7 +221,7 @@ class LibsqlTransport:
         (one round trip); a larger batch is one transaction of such statements. Every message is
         checked before anything is sent. An event its group was already sent within
         `settings.publish_window` is not queued again. Returns the count."""
-        rows = [_row(item) for item in messages]
+        rows = [message_row(item) for item in messages]
         if not rows:
             return 0
         batch = secrets.token_hex(8)
@@ -275,13 +275,13 @@ class LibsqlTransport:
         keys = tuple(self._routing_keys if routing_keys is None else routing_keys)
         sql = self._claim_sql.get(len(keys))
         if sql is None:
-            sql = self._claim_sql[len(keys)] = _claim_sql(self._n, len(keys))
+            sql = self._claim_sql[len(keys)] = claim_sql(self._n, len(keys))
         now = self._clock() if self._clock is not None else None
         token, params = claim_params(worker_id, visibility, min_priority, keys, now)
 
         def attempt() -> Lease | None:
             rows = self._conn.execute(sql, params)
-            return _lease(rows[0], token) if rows else None
+            return lease_from_row(rows[0], token) if rows else None
 
         return self._with_retry("claim", attempt, resolve=lambda: self._leased(token))
 
@@ -289,7 +289,7 @@ class LibsqlTransport:
         rows = self._conn.execute(
             f"SELECT seq, group_id, event FROM {self._n.messages} WHERE locked_by = ?", (token,)
         )
-        return _lease(rows[0], token) if rows else None
+        return lease_from_row(rows[0], token) if rows else None
 
     # ---- ack / nack ------------------------------------------------------------------------
 
@@ -385,12 +385,7 @@ class LibsqlTransport:
 
 def check_schema(execute: schema.Execute, prefix: str) -> None:
     """Refuse a database whose transport schema is newer than this code, or not yet upgraded."""
-    version = schema.read_version(execute)
-    if version > schema.SCHEMA_VERSION:
-        raise SchemaTooNewError(
-            f"this database has schema version {version}, newer than {schema.SCHEMA_VERSION}: "
-            "upgrade harel_edge on this machine"
-        )
+    schema.refuse_newer(schema.read_version(execute))
     if not schema.has_routing_key(execute, prefix):
         raise SchemaError(
             f"{EdgeNames(prefix).groups} is missing or predates routing keys, and create_schema=False: run "
@@ -398,28 +393,7 @@ def check_schema(execute: schema.Execute, prefix: str) -> None:
         )
 
 
-def _explicit_settings(
-    database: str | Path,
-    auth_token: str,
-    sync_url: str | None,
-    sync_interval: float | None,
-    prefix: str,
-    routing_keys: Sequence[str],
-) -> EdgeSettings:
-    database = str(database)
-    values: dict[str, Any] = {"prefix": prefix, "routing_keys": tuple(routing_keys)}
-    if auth_token:
-        values["auth_token"] = auth_token
-    if sync_url is not None:
-        values.update(profile="replica", db_path=database, sync_url=sync_url, sync_interval=sync_interval)
-    elif "://" in database:
-        values.update(profile="sqld", url=database)
-    else:
-        values.update(profile="local", db_path=database)
-    return ExplicitSettings.load(**values)
-
-
-def _row(item: Message | tuple) -> tuple:
+def message_row(item: Message | tuple) -> tuple:
     message = item if isinstance(item, Message) else Message(*item)
     priority = message.priority
     if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= MAX_PRIORITY:
@@ -433,7 +407,7 @@ def _row(item: Message | tuple) -> tuple:
     return (message.group_id, message.event.model_dump_json(), priority, message.routing_key, str(message.event.id))
 
 
-def _lease(row: tuple, token: str) -> Lease:
+def lease_from_row(row: tuple, token: str) -> Lease:
     seq, group_id, event = row
     # Not model_validate_json: it caches the strings it parses, and every event id is new, so a
     # long-running worker's heap would grow with that cache. from_json without it is as fast.

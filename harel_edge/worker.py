@@ -21,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import multiprocessing
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -34,17 +32,18 @@ from typing import Any
 import structlog
 from harel.engine.aio.distributed import AsyncWorker
 
-from harel_edge import observability, retry, schema
+from harel_edge import observability
 from harel_edge.connection import EdgeConnection
 from harel_edge.durable import LibsqlCheckpointer, LibsqlDurable, LibsqlScheduler
 from harel_edge.durable import connect as connect_database
 from harel_edge.durable.runtime import DurableWorker, Lost, Outcome, WorkflowFn
+from harel_edge.durable.types import Delivery
 from harel_edge.errors import ConfigurationError
 from harel_edge.event_path import EventPath, EventStore, EventTransport
 from harel_edge.executor import blocking_execute
+from harel_edge.migration import prepare
 from harel_edge.settings import EdgeSettings
-from harel_edge.status import check_usable, database_facts, dead_letter_status, inspect_file, queue_status
-from harel_edge.store import store_tables
+from harel_edge.status import check_usable, dead_letter_status, inspect_file, queue_status
 
 log = structlog.get_logger("harel_edge.worker")
 
@@ -144,30 +143,7 @@ class WorkerReport:
         return asdict(self)
 
 
-# ---- the durable pieces, with their metrics ------------------------------------------------------
-
-
-class _MeteredCheckpointer(LibsqlCheckpointer):
-    """Counts the steps a pass records, for the workflow-steps metric."""
-
-    namespace: str = ""
-    report: WorkerReport | None = None
-
-    async def record(self, holder, key, value):  # noqa: ANN001 - same signature as the base
-        recorded = await super().record(holder, key, value)
-        if recorded.fresh:
-            self._count("sleep" if key.startswith("$sleep/") else "result" if key == "$result" else "step")
-        return recorded
-
-    async def transact(self, holder, key, effect):  # noqa: ANN001
-        value = await super().transact(holder, key, effect)
-        self._count("transact")
-        return value
-
-    def _count(self, kind: str) -> None:
-        observability.WORKFLOW_STEPS.labels(self.namespace, kind).inc()
-        if self.report is not None:
-            self.report.steps += 1
+# ---- the pieces, with their metrics -----------------------------------------------------------
 
 
 class EdgeAsyncWorker(AsyncWorker):
@@ -182,68 +158,24 @@ class EdgeAsyncWorker(AsyncWorker):
             raise
 
 
-class _MeteredDurableWorker(DurableWorker):
-    """Counts each pass by its outcome, and writes a log line for a lost claim."""
+def _metered(namespace: str, report: WorkerReport) -> dict[str, Any]:
+    """The durable loop's callbacks: count steps and passes (metrics, the report), log a lost claim."""
 
-    namespace: str = ""
-    report: WorkerReport | None = None
+    def on_step(kind: str) -> None:
+        observability.WORKFLOW_STEPS.labels(namespace, kind).inc()
+        report.steps += 1
 
-    async def handle(self, delivery) -> Outcome:  # noqa: ANN001
-        outcome = await super().handle(delivery)
+    def on_pass(delivery: Delivery, outcome: Outcome) -> None:
         name = type(outcome).__name__.lower()
-        observability.WORKFLOW_PASSES.labels(self.namespace, name).inc()
-        if self.report is not None:
-            self.report.passes[name] = self.report.passes.get(name, 0) + 1
+        observability.WORKFLOW_PASSES.labels(namespace, name).inc()
+        report.passes[name] = report.passes.get(name, 0) + 1
         if isinstance(outcome, Lost):
-            log.warning("workflow claim lost", namespace=self.namespace, workflow=delivery.workflow)
-        return outcome
+            log.warning("workflow claim lost", namespace=namespace, workflow=delivery.workflow)
+
+    return {"on_step": on_step, "on_pass": on_pass}
 
 
 # ---- one worker process --------------------------------------------------------------------------
-
-
-def open_connection(settings: EdgeSettings) -> EdgeConnection:
-    """Open the profile's connection. `EdgeConnection` retries while the primary is
-    unreachable (a replica cannot even be opened then), under the settings' retry policy."""
-    return EdgeConnection(settings)
-
-
-def prepare(connection: EdgeConnection, *, migrate: bool, adopt: bool = False) -> int:
-    """Refuse a foreign or newer database, then create or upgrade every table the worker uses.
-
-    Returns the schema version found. Runs through the retry policy; idempotent, and safe when
-    several workers start at once.
-    """
-    settings = connection.settings
-    where = settings.server or settings.db_path
-
-    def work() -> int:
-        facts = database_facts(connection.execute)
-        check_usable(facts, settings.prefix, where, adopt=adopt)
-        if not migrate:
-            return facts.user_version
-        found = schema.migrate(connection.execute, settings.prefix)
-        for statement in store_tables(settings.prefix):
-            connection.execute(statement)
-        return found
-
-    return retry.call_with_retry(settings, "migrate", work, recover=lambda exc: _recover(connection, exc))
-
-
-def prepare_database(settings: EdgeSettings, *, adopt: bool = False) -> int:
-    """`prepare` on a connection opened for the purpose: create or upgrade every table."""
-    connection = open_connection(settings)
-    try:
-        return prepare(connection, migrate=True, adopt=adopt)
-    finally:
-        connection.close()
-
-
-def _recover(connection: EdgeConnection, exc: BaseException) -> None:
-    if retry.needs_reopen(exc):
-        connection.reopen()
-    else:
-        connection.sync()
 
 
 async def run_worker(
@@ -277,7 +209,7 @@ async def run_worker(
         await database.run(lambda c: prepare(c, migrate=options.migrate, adopt=options.adopt))
         if settings.profile == "replica":
             # The embedded file serves this machine's local reads (status); it is synced by the sampler.
-            replica = await asyncio.to_thread(open_connection, settings)
+            replica = await asyncio.to_thread(EdgeConnection, settings)
         executor = database.executor
         path = EventPath(executor, settings)
         transport = EventTransport(
@@ -309,15 +241,15 @@ async def run_worker(
                 )
             )
         for spec, fn in workflows:
-            checkpointer = _MeteredCheckpointer(database)
-            checkpointer.namespace, checkpointer.report = spec.namespace, report
             scheduler = LibsqlScheduler(
                 database, namespace=spec.namespace, poll=timedelta(seconds=options.poll)
             )
-            loop = _MeteredDurableWorker(
-                LibsqlDurable(checkpointer, scheduler), fn, max_failed_passes=settings.max_deliveries
+            loop = DurableWorker(
+                LibsqlDurable(LibsqlCheckpointer(database), scheduler),
+                fn,
+                max_failed_passes=settings.max_deliveries,
+                **_metered(spec.namespace, report),
             )
-            loop.namespace, loop.report = spec.namespace, report
             tasks.append(
                 asyncio.create_task(
                     _durable_loop(loop, stop, options.poll), name=f"workflows:{spec.namespace}"
@@ -475,151 +407,3 @@ def serve(settings: EdgeSettings, options: WorkerOptions) -> WorkerReport:
     if settings.metrics_port:
         observability.serve_metrics(settings.metrics_port)
     return asyncio.run(main())
-
-
-# ---- several processes ----------------------------------------------------------------------------
-
-
-def _child(
-    settings: EdgeSettings,
-    options: WorkerOptions,
-    stop_flag: Any,
-    ready_flag: Any,
-    reports: Any,
-    log_format: str,
-    log_level: str,
-) -> None:
-    """A spawned worker process: runs until the parent sets `stop_flag` or it gets SIGTERM;
-    sets `ready_flag` once its schema is in place and it is about to claim."""
-    os.environ.setdefault("RUST_LOG", "off")
-    observability.configure_logging(log_format, log_level)  # type: ignore[arg-type]
-    if settings.metrics_port:
-        observability.serve_metrics(settings.metrics_port)
-
-    async def main() -> WorkerReport:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-
-        async def watch() -> None:
-            while not stop.is_set():
-                if stop_flag.is_set():
-                    stop.set()
-                    return
-                await asyncio.sleep(0.05)
-
-        watcher = asyncio.create_task(watch())
-        try:
-            return await run_worker(settings, options, stop, ready=ready_flag.set)
-        finally:
-            watcher.cancel()
-
-    try:
-        report = asyncio.run(main())
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which decides the exit code
-        report = WorkerReport(settings.worker_id, error=f"{type(exc).__name__}: {exc}")
-        reports.put(report.as_dict())
-        raise SystemExit(1) from None
-    reports.put(report.as_dict())
-
-
-@dataclass
-class WorkerProcesses:
-    """Worker processes started with `spawn`, and the means to stop them and collect their reports."""
-
-    processes: list[multiprocessing.process.BaseProcess]
-    stop_flag: Any
-    ready_flags: list[Any]
-    reports: Any
-
-    def alive(self) -> int:
-        return sum(p.is_alive() for p in self.processes)
-
-    def wait_ready(self, timeout: float) -> bool:
-        """Wait until every worker is about to claim; False if one died or time ran out first."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if all(flag.is_set() for flag in self.ready_flags):
-                return True
-            if self.alive() < len(self.processes):
-                return False
-            time.sleep(0.02)
-        return False
-
-    def stop(self, timeout: float) -> list[WorkerReport]:
-        """Ask every worker to stop, wait for them, and return their reports."""
-        self.stop_flag.set()
-        deadline = time.monotonic() + timeout
-        for process in self.processes:
-            process.join(max(0.0, deadline - time.monotonic()))
-        for process in self.processes:
-            if process.is_alive():  # did not stop in time: it has had its grace period
-                process.kill()
-                process.join(5)
-        found = []
-        while True:
-            try:
-                found.append(WorkerReport(**self.reports.get(timeout=0.2)))
-            except Exception:  # noqa: BLE001 - queue.Empty: every report is in
-                break
-        return found
-
-    def exit_codes(self) -> list[int | None]:
-        return [p.exitcode for p in self.processes]
-
-
-def start_processes(
-    settings: EdgeSettings,
-    options: WorkerOptions,
-    count: int,
-    *,
-    log_format: str = "console",
-    log_level: str = "warning",
-    per_worker: Callable[[int, EdgeSettings], EdgeSettings] | None = None,
-) -> WorkerProcesses:
-    """Start `count` worker processes (spawn). Each gets its own worker id (`<id>-<n>`) and,
-    when metrics are on, its own port (`metrics_port + n`); `per_worker` may change more."""
-    context = multiprocessing.get_context("spawn")
-    stop_flag, reports = context.Event(), context.Queue()
-    processes, ready_flags = [], []
-    for index in range(count):
-        update: dict[str, Any] = {
-            "worker_id": f"{settings.worker_id}-{index + 1}" if count > 1 else settings.worker_id
-        }
-        if settings.metrics_port and count > 1:
-            update["metrics_port"] = settings.metrics_port + index
-        mine = settings.model_copy(update=update)
-        if per_worker is not None:
-            mine = per_worker(index, mine)
-        ready_flags.append(context.Event())
-        process = context.Process(
-            target=_child,
-            args=(mine, options, stop_flag, ready_flags[-1], reports, log_format, log_level),
-            name=f"harel-edge-worker-{index + 1}",
-        )
-        process.start()
-        processes.append(process)
-    return WorkerProcesses(processes, stop_flag, ready_flags, reports)
-
-
-def run_processes(
-    settings: EdgeSettings, options: WorkerOptions, count: int, *, log_format: str, log_level: str
-) -> int:
-    """The `worker --processes N` body: N spawned workers, stopped together on SIGTERM/SIGINT."""
-    group = start_processes(settings, options, count, log_format=log_format, log_level=log_level)
-    stopping = {"now": False}
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        stopping["now"] = True
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        while not stopping["now"] and group.alive() == count:
-            time.sleep(0.1)
-        reports = group.stop(timeout=options.grace + 10)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    failed = [r for r in reports if r.error] + [None for code in group.exit_codes() if code not in (0, None)]
-    return 1 if failed else 0

@@ -202,7 +202,8 @@ class LibsqlCheckpointer:
     codec: CheckpointCodec[str] = JSON
     now: Callable[[], datetime] | None = field(default=None, repr=False)
 
-    def _at(self) -> float | None:
+    def clock_param(self) -> float | None:
+        """The injected clock's time as a statement parameter, or None for the database's own."""
         return None if self.now is None else to_seconds(self.now())
 
     # ---- reading ---------------------------------------------------------------------------
@@ -236,7 +237,7 @@ class LibsqlCheckpointer:
         """
         refuse_nul(workflow, "workflow id")
         budget_s, alive_s = _positive(budget, "budget"), _positive(alive, "alive")
-        rows = await self.database.execute("durable.claim", _CLAIM, (workflow, budget_s, alive_s, self._at()))
+        rows = await self.database.execute("durable.claim", _CLAIM, (workflow, budget_s, alive_s, self.clock_param()))
         if not rows:
             return None
         token, held_until = rows[0]
@@ -245,7 +246,7 @@ class LibsqlCheckpointer:
     async def extend(self, holder: Pass, budget: timedelta, alive: timedelta) -> bool:
         """Give the claim a new budget from now; False if it is no longer this pass's."""
         budget_s, alive_s = _positive(budget, "budget"), _positive(alive, "alive")
-        rows = await self.database.execute("durable.extend", _EXTEND, (holder.workflow, holder.token, budget_s, alive_s, self._at()))
+        rows = await self.database.execute("durable.extend", _EXTEND, (holder.workflow, holder.token, budget_s, alive_s, self.clock_param()))
         return bool(rows)
 
     async def renew(self, holder: Pass, alive: timedelta) -> bool:
@@ -255,12 +256,12 @@ class LibsqlCheckpointer:
         budget. A renewal never revives a released claim and never lengthens the budget.
         """
         alive_s = _positive(alive, "alive")
-        rows = await self.database.execute("durable.renew", _RENEW, (holder.workflow, holder.token, alive_s, self._at()))
+        rows = await self.database.execute("durable.renew", _RENEW, (holder.workflow, holder.token, alive_s, self.clock_param()))
         return bool(rows) and rows[0][0] is not None
 
     async def release(self, holder: Pass) -> None:
         """Give the workflow up now, so the next pass need not wait for the claim to lapse."""
-        await self.database.execute("durable.release", _RELEASE, (holder.workflow, holder.token, self._at()))
+        await self.database.execute("durable.release", _RELEASE, (holder.workflow, holder.token, self.clock_param()))
 
     # ---- writing -----------------------------------------------------------------------------
 
@@ -272,7 +273,7 @@ class LibsqlCheckpointer:
         """
         refuse_nul(key, "step name")
         text = self.codec.encode(value)
-        rows = await self.database.execute("durable.record", _RECORD, (holder.workflow, key, text, holder.token, self._at()))
+        rows = await self.database.execute("durable.record", _RECORD, (holder.workflow, key, text, holder.token, self.clock_param()))
         held, existed, stored, written_at = rows[0]
         if not held:
             raise FencedError(_fenced(holder.workflow, holder.token))
@@ -321,7 +322,7 @@ class LibsqlCheckpointer:
         """Fence, replay check, the effect's statements and the record as ONE unit of work."""
         workflow, token = holder.workflow, holder.token
         text = self.codec.encode(effect.value)
-        at = self._at()
+        at = self.clock_param()
         stmts = [
             Stmt(_TRANSACT_FENCE, (workflow, token, key, at)),
             Stmt(_HELD_GUARD),
@@ -363,7 +364,7 @@ class LibsqlCheckpointer:
         refuse_nul(workflow, "workflow id")
         refuse_nul(key, "key")
         text = self.codec.encode(value)
-        rows = await self.database.execute("durable.supply", ARRIVE, (workflow, key, text, None, self._at()))
+        rows = await self.database.execute("durable.supply", ARRIVE, (workflow, key, text, None, self.clock_param()))
         return self.codec.decode(rows[0][0])
 
     async def append(self, workflow: str, value: object, key: str | None = None) -> Entry:
@@ -386,7 +387,7 @@ class LibsqlCheckpointer:
         raised number stays behind; nothing sweeps it.
         """
         refuse_nul(workflow, "workflow id")
-        rows = await self.database.execute("durable.discard", DISCARD, (workflow, None, self._at()))
+        rows = await self.database.execute("durable.discard", DISCARD, (workflow, None, self.clock_param()))
         return int(rows[0][0])
 
 

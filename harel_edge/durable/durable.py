@@ -56,7 +56,7 @@ class LibsqlDurable:
         refuse_nul(workflow, "workflow id")
         refuse_nul(key, "key")
         text = self.checkpointer.codec.encode(value)
-        rows = await self.database.execute("durable.arrive", ARRIVE, (workflow, key, text, self.scheduler.namespace, self.scheduler._at()))
+        rows = await self.database.execute("durable.arrive", ARRIVE, (workflow, key, text, self.scheduler.namespace, self.scheduler.clock_param()))
         self.scheduler.notify()
         return self.checkpointer.codec.decode(rows[0][0])
 
@@ -78,5 +78,5 @@ class LibsqlDurable:
         happen. Returns how many records there were.
         """
         refuse_nul(workflow, "workflow id")
-        rows = await self.database.execute("durable.delete", DISCARD, (workflow, self.scheduler.namespace, self.checkpointer._at()))
+        rows = await self.database.execute("durable.delete", DISCARD, (workflow, self.scheduler.namespace, self.checkpointer.clock_param()))
         return int(rows[0][0])

@@ -89,6 +89,8 @@ class Lost:
 
 
 Outcome = Finished | Sleeping | Waiting | Busy | Lost
+StepHook = Callable[[str], None]  # what was recorded: "step", "transact", "sleep" or "result"
+PassHook = Callable[[Delivery, Outcome], None]
 
 
 class _Stop(BaseException):
@@ -106,8 +108,16 @@ class _Stop(BaseException):
 class Context:
     """What a workflow function gets: its id and the durable operations of this pass."""
 
-    def __init__(self, durable: LibsqlDurable, holder: Pass, records: dict[str, object], floor: float | None):
+    def __init__(
+        self,
+        durable: LibsqlDurable,
+        holder: Pass,
+        records: dict[str, object],
+        floor: float | None,
+        on_step: StepHook | None = None,
+    ):
         self.workflow = holder.workflow
+        self._on_step = on_step
         self._durable = durable
         self._holder = holder
         self._records = records
@@ -157,7 +167,12 @@ class Context:
         except FencedError:
             raise _Stop(Lost()) from None
         self._records[name] = value
+        self._counted("transact")
         return value
+
+    def _counted(self, kind: str) -> None:
+        if self._on_step is not None:
+            self._on_step(kind)
 
     async def sleep_until(self, when: datetime) -> None:
         """Return once `when` has passed; until then end the pass, to be woken at `when`.
@@ -207,6 +222,8 @@ class Context:
             recorded = await self._durable.checkpointer.record(self._holder, key, value)
         except FencedError:
             raise _Stop(Lost()) from None
+        if recorded.fresh:
+            self._counted("sleep" if key.startswith("$sleep/") else "result" if key == RESULT else "step")
         self._records[key] = recorded.value
         return recorded.value
 
@@ -236,6 +253,7 @@ async def _run_pass(
     fn: WorkflowFn,
     alive: timedelta,
     delivery: list[Delivery | None],
+    on_step: StepHook | None = None,
 ) -> Outcome:
     """Replay `fn` under `holder`, keeping the claim (and the delivery in `delivery[0]`) alive."""
     records = await durable.checkpointer.load(holder.workflow)
@@ -243,7 +261,7 @@ async def _run_pass(
         return Finished(records[RESULT])
     taken = delivery[0]
     floor = None if taken is None else taken.receipt - durable.scheduler.lease_seconds
-    ctx = Context(durable, holder, records, floor)
+    ctx = Context(durable, holder, records, floor, on_step)
     keeper = asyncio.create_task(_keep(durable, holder, alive, delivery, ctx))
     try:
         value = await fn(ctx)
@@ -333,6 +351,8 @@ class DurableWorker:
     alive: timedelta = ALIVE
     busy_retry: timedelta = timedelta(seconds=1)
     max_failed_passes: int = DEFAULT_MAX_DELIVERIES
+    on_step: StepHook | None = None  # called with "step", "transact", "sleep" or "result" per new record
+    on_pass: PassHook | None = None  # called with each pass's delivery and outcome
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Run passes until `stop` is set (or the task is cancelled); errors are logged, not fatal."""
@@ -359,12 +379,13 @@ class DurableWorker:
         holder = await self.durable.checkpointer.claim(delivery.workflow, self.budget, self.alive)
         if holder is None:
             await scheduler.extend(delivery, self.busy_retry)
+            self._passed(delivery, Busy())
             return Busy()
         box: list[Delivery | None] = [delivery]
         outcome: Outcome | None = None
         failure: Exception | None = None
         try:
-            outcome = await _run_pass(self.durable, holder, self.fn, self.alive, box)
+            outcome = await _run_pass(self.durable, holder, self.fn, self.alive, box, self.on_step)
         except Exception as exc:  # noqa: BLE001 - counted below, then raised as it was
             failure = exc
         finally:
@@ -379,7 +400,12 @@ class DurableWorker:
             await scheduler.wake_at(current, outcome.until)
         elif isinstance(outcome, Finished | Waiting):
             await scheduler.done(current)
+        self._passed(delivery, outcome)
         return outcome
+
+    def _passed(self, delivery: Delivery, outcome: Outcome) -> None:
+        if self.on_pass is not None:
+            self.on_pass(delivery, outcome)
 
     async def _failed(self, delivery: Delivery, error: Exception) -> None:
         """Count the failed pass on the scheduler's row (dead-lettering it at the limit). Best

@@ -116,7 +116,8 @@ class LibsqlScheduler:
         if self.lease_seconds <= 0 or self.poll_seconds <= 0:
             raise ValueError(f"lease={self.lease} and poll={self.poll} must be positive durations")
 
-    def _at(self) -> float | None:
+    def clock_param(self) -> float | None:
+        """The injected clock's time as a statement parameter, or None for the database's own."""
         return None if self.now is None else to_seconds(self.now())
 
     def notify(self) -> None:
@@ -135,7 +136,7 @@ class LibsqlScheduler:
         worker, so that worker's `done` leaves the row and another pass follows.
         """
         refuse_nul(workflow, "workflow id")
-        at = self._at() if when is None else to_seconds(when)
+        at = self.clock_param() if when is None else to_seconds(when)
         await self.database.execute("durable.make_ready", _MAKE_READY, (self.namespace, workflow, at))
         self.notify()
 
@@ -197,7 +198,7 @@ class LibsqlScheduler:
         nothing changes and the delivery passed in is returned.
         """
         seconds = within.total_seconds()
-        rows = await self.database.execute("durable.extend_delivery", _EXTEND, (*self._receipt(delivery), seconds, self._at())
+        rows = await self.database.execute("durable.extend_delivery", _EXTEND, (*self._receipt(delivery), seconds, self.clock_param())
         )
         return Delivery(delivery.workflow, rows[0][0], delivery.generation) if rows else delivery
 
@@ -219,7 +220,7 @@ class LibsqlScheduler:
         """
         prefix = self.database.settings.prefix
         sql = _FAILED.format(view=f"{prefix}_workflow_failure", now=_NOW.format(n=7))
-        rows = await self.database.execute("durable.failed", sql, (*self._receipt(delivery), error, limit, self._at())
+        rows = await self.database.execute("durable.failed", sql, (*self._receipt(delivery), error, limit, self.clock_param())
         )
         return (int(rows[0][0]), bool(rows[0][1])) if rows else None
 
@@ -230,7 +231,7 @@ class LibsqlScheduler:
     async def _take(self) -> tuple[Delivery | None, float | None]:
         """The next visible workflow, or how long until the earliest becomes visible: both
         statements in one unit, so one round trip to a remote primary."""
-        at = self._at()
+        at = self.clock_param()
         took, until = await self.database.transaction(
             "durable.next_ready",
             [Stmt(_TAKE, (self.namespace, self.lease_seconds, at)), Stmt(_UNTIL_NEXT, (self.namespace, at))],

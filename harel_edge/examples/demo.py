@@ -28,22 +28,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from harel_edge.connection import EdgeConnection
 from harel_edge.durable import Database, LibsqlCheckpointer, LibsqlDurable, LibsqlScheduler
 from harel_edge.examples.workflow import LEDGER_DDL
+from harel_edge.migration import prepare_database as prepare_schema
 from harel_edge.settings import EdgeSettings, ExplicitSettings
 from harel_edge.store import EdgeStore
+from harel_edge.supervisor import WorkerProcesses, start_processes
 from harel_edge.transport import LibsqlTransport, Message
-from harel_edge.worker import (
-    WorkerOptions,
-    WorkerProcesses,
-    WorkerReport,
-    open_connection,
-    parse_workflow,
-    start_processes,
-)
-from harel_edge.worker import (
-    prepare_database as prepare_schema,
-)
+from harel_edge.worker import WorkerOptions, WorkerReport, parse_workflow
 
 EXAMPLES = Path(__file__).parent
 ROUTING_KEYS = ("eu", "us", "ap")
@@ -59,7 +52,7 @@ def demo_settings(path: Path) -> EdgeSettings:
 def prepare_database(settings: EdgeSettings) -> None:
     """The schema, and the table the sample workflow's charges go to."""
     prepare_schema(settings)
-    connection = open_connection(settings)
+    connection = EdgeConnection(settings)
     try:
         connection.execute(LEDGER_DDL)
     finally:
@@ -68,7 +61,7 @@ def prepare_database(settings: EdgeSettings) -> None:
 
 def seed(settings: EdgeSettings, orders: int) -> dict[str, str]:
     """Create the orders and queue their events; return each order's routing key."""
-    connection = open_connection(settings)
+    connection = EdgeConnection(settings)
     try:
         store = EdgeStore(connection=connection, create_schema=False)
         transport = LibsqlTransport(connection=connection, create_schema=False)
@@ -146,7 +139,7 @@ async def _demo(path: Path, orders: int, workflows: int, timeout: float, console
     )
     group = start_processes(settings, options, len(WORKERS), log_level="warning", per_worker=per_worker)
     completed = False
-    database = Database(open_connection(settings))
+    database = Database(EdgeConnection(settings))
     keys: dict[str, str] = {}
     ready_after = work_seconds = None
     try:

@@ -16,7 +16,6 @@ from harel_edge.schema import SCHEMA_VERSION
 from harel_edge.settings import ExplicitSettings
 from harel_edge.status import StatusReport, collect_status
 from harel_edge.store import EdgeStore
-from harel_edge.worker import prepare
 
 
 @pytest.fixture
@@ -25,10 +24,10 @@ def settings(tmp_path):  # noqa: ANN001, ANN201
 
 
 def test_migrate_returns_the_version_it_found_and_then_finds_it_up_to_date(settings):
-    first = migrate(settings, prepare)
+    first = migrate(settings)
     assert first == Migration(0, SCHEMA_VERSION, f"profile local at {settings.db_path}")
     assert not first.up_to_date
-    assert migrate(settings, prepare).up_to_date
+    assert migrate(settings).up_to_date
 
 
 def test_publish_returns_the_stored_event_and_creates_the_execution_it_starts(settings):
@@ -62,7 +61,7 @@ def test_a_publish_request_is_refused_before_any_setting_is_read():
 def test_collect_status_returns_a_report_whose_dict_is_the_json_output(settings):
     with pytest.raises(SchemaError, match="no database at"):
         collect_status(settings)
-    migrate(settings, prepare)
+    migrate(settings)
     publish(settings, publish_request("g1", "Pay", priority=1))
     publish(settings, publish_request("g1", "Pay", priority=1))
     report = collect_status(settings, top=5)
@@ -90,7 +89,7 @@ def test_diagnose_returns_the_checks_and_whether_one_failed(settings):
         ("write access", "ok"),
     ]
     assert not missing.failed
-    migrate(settings, prepare)
+    migrate(settings)
     healthy = diagnose(settings)
     assert healthy.as_dict()["ok"] is True
     assert healthy.checks[-1].name == "schema version"
@@ -119,5 +118,5 @@ def test_the_access_policy_checks_without_creating_and_reads_only_a_usable_datab
     assert not Path(settings.db_path).exists()
     with pytest.raises(SchemaError, match="no database at"):
         access.open_for_reading(settings)
-    migrate(settings, prepare)
+    migrate(settings)
     assert access.with_reader(settings, lambda execute: execute("SELECT 1")) == [(1,)]

@@ -12,7 +12,8 @@ from harel_edge import dead_letter
 from harel_edge.connection import EdgeConnection
 from harel_edge.event_path import EventPath, EventStore, EventTransport
 from harel_edge.executor import open_executor
-from harel_edge.worker import EdgeAsyncWorker, open_connection, prepare
+from harel_edge.migration import prepare
+from harel_edge.worker import EdgeAsyncWorker
 
 LIMIT = 3
 RECHECK = 5.0  # harel's suspend_recheck: how long a failed message stays parked
@@ -20,7 +21,7 @@ RECHECK = 5.0  # harel's suspend_recheck: how long a failed message stays parked
 
 @contextlib.asynccontextmanager
 async def event_path(settings, clock, max_deliveries=LIMIT):
-    connection = open_connection(settings)
+    connection = EdgeConnection(settings)
     try:
         prepare(connection, migrate=True)
     finally:

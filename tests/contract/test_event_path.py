@@ -18,7 +18,7 @@ from harel.testing import (
 
 from harel_edge.event_path import EventPath, EventStore, EventTransport
 from harel_edge.executor import open_executor
-from harel_edge.worker import prepare_database
+from harel_edge.migration import prepare_database
 
 
 @contextlib.asynccontextmanager

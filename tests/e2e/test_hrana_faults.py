@@ -19,8 +19,8 @@ from harel.spec.states import Event
 from harel_edge.errors import AuthError
 from harel_edge.event_path import EventPath, EventStore, EventTransport
 from harel_edge.executor.remote import HranaExecutor
+from harel_edge.migration import prepare_database
 from harel_edge.settings import ExplicitSettings
-from harel_edge.worker import prepare_database
 
 pytestmark = pytest.mark.sqld
 

@@ -16,7 +16,7 @@ from harel.spec.states import Event
 
 from harel_edge import LibsqlTransport, Message
 from harel_edge.schema import EdgeNames
-from harel_edge.transport import _claim_sql, claim_params
+from harel_edge.transport import claim_params, claim_sql
 
 KEYS = ("eu", "us", "ap", "af")
 SMALL, LARGE = 1_000, 16_000
@@ -64,7 +64,7 @@ def work(path: str, keys: tuple[str, ...], floor: int) -> int:
 
     try:
         _token, params = claim_params("w", 30, floor, keys, 1010.0)
-        sql = _claim_sql(EdgeNames(), len(keys), many=True)
+        sql = claim_sql(EdgeNames(), len(keys), many=True)
         db.execute("BEGIN IMMEDIATE")
         db.set_progress_handler(count, 10)
         rows = db.execute(sql, (*params, 4)).fetchall()

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, multiple, rule
 
 from harel_edge import LibsqlTransport
-from harel_edge.transport import _claim_sql, _lease, claim_params
+from harel_edge.transport import claim_params, claim_sql, lease_from_row
 
 GROUPS = st.sampled_from(["a", "b", "c", "d"])
 ROUTING_KEYS = st.sampled_from([None, "eu", "us"])
@@ -130,8 +130,8 @@ class QueueMachine(RuleBasedStateMachine):
         """The event path's statement (`claim_many`): up to n groups' heads, in the spec's order."""
         expected = self.selected(min_priority, keys, n)
         token, params = claim_params("w", visibility, min_priority, keys, self.now)
-        rows = self.transport.connection.execute(_claim_sql(self.transport._n, len(keys), many=True), (*params, n))
-        leases = sorted((_lease(row, token) for row in rows), key=lambda lease: lease.seq)
+        rows = self.transport.connection.execute(claim_sql(self.transport._n, len(keys), many=True), (*params, n))
+        leases = sorted((lease_from_row(row, token) for row in rows), key=lambda lease: lease.seq)
         claimed = [lease.group_id for lease in leases]
         assert sorted(claimed) == sorted(expected), f"claimed {claimed}, the spec selects {expected} ({self.groups})"
         for lease in leases:

@@ -19,7 +19,6 @@ from structlog.testing import capture_logs
 from harel_edge import retry
 from harel_edge.connection import EdgeConnection
 from harel_edge.errors import (
-    AmbiguousCommitError,
     AuthError,
     ConfigurationError,
     PrimaryUnavailableError,
@@ -124,7 +123,6 @@ def test_harel_edges_own_errors_are_transient_only_when_the_primary_is_unreachab
         AuthError("the primary refused the credentials (status=401)"),
         ConfigurationError("HAREL_EDGE_SYNC_INTERVAL=0 cannot work (timed out)"),
         SchemaTooNewError("newer"),
-        AmbiguousCommitError("connection refused while committing"),
     ):
         assert not retry.is_transient(exc), exc
 
