@@ -1,4 +1,4 @@
-"""Does the async transport keep the event loop free, and does it overlap operations in flight?
+"""Does the async path keep the event loop free, and does it overlap operations in flight?
 
 For each profile (local file, sqld over HTTP, embedded replica) and each count of operations in
 flight (1, 8, 32 by default), N coroutines run claim+ack loops on one `AsyncLibsqlTransport`
@@ -7,27 +7,35 @@ again. Reported per cell:
 
 - throughput: messages claimed and acked per second (each message is two operations);
 - loop lag: how late the 1 ms ticker woke (p50, p99, worst), in ms. A loop that a driver call
-  freezes shows the call's duration here.
+  freezes shows the call's duration here;
+- CPU ms per message, of this process (the ticker's wake-ups included).
 
 sqld and replica reach a real sqld (started by `harel_edge.testing`, a fresh primary per profile)
 through `harel_edge.testing.proxy.LatencyProxy`, which adds `--delay` seconds each way (10 ms:
 a 20 ms round trip) on loopback, since this machine has no netem.
 
-    .venv/bin/python benchmarks/bench_event_loop.py                  # the default design
+    .venv/bin/python benchmarks/bench_event_loop.py
     .venv/bin/python benchmarks/bench_event_loop.py --profiles sqld --inflight 8 --seconds 3
 
-`--durable` measures the durable stores' `Database` instead, on sqld and replica, in both
-designs (threads: `async_processes=0`, the connection in this process; processes: the default,
-the connection in a worker process, plus spare processes on sqld for operations without a
-transaction). Operations, each coroutine on a workflow of its own: `record` (one statement),
-`transact` (BEGIN IMMEDIATE, fence, an INSERT effect, record, COMMIT: one request to the
-worker), `queue` (make_ready, next_ready, done: one cycle, three operations, counts as one), and
-`record/N db`, `transact/N db` (each coroutine with a Database of its own: N connections;
-processes design only, since N connections in one process, in transactions, time out on sqld,
-docs/executor.md).
+`--durable` measures the durable stores instead, on sqld and replica (the local profile is
+`benchmarks/bench_durable.py`'s, against plain sqlite3): one `Database` (`connect(settings)`,
+its statements on the profile's executor: Hrana over HTTP from the event loop, units sent
+together coalesced into one exchange), and N coroutines each looping on a workflow of its own
+over one operation:
 
-    .venv/bin/python benchmarks/bench_event_loop.py --durable
-    .venv/bin/python benchmarks/bench_event_loop.py --durable --profiles sqld --ops record --inflight 1,8
+- `record`: one fenced `record` (one statement, one unit);
+- `transact`: `transact` with a Python effect (one INSERT): BEGIN IMMEDIATE, fence, effect,
+  record, COMMIT on a Hrana stream of its own, one round trip a statement;
+- `sql transact`: `transact` with `SqlEffect` (the same INSERT): fence, effect and record as
+  ONE unit, one request;
+- `queue`: make_ready, next_ready, done (one cycle, three operations, counts as one).
+
+Reported per cell: operations per second, HTTP exchanges per operation
+(`database.executor.exchanges`: below 1 when operations in flight share exchanges), and the
+loop lag as above.
+
+    .venv/bin/python benchmarks/bench_event_loop.py --durable --seconds 3
+    .venv/bin/python benchmarks/bench_event_loop.py --durable --profiles sqld --ops "record,sql transact" --inflight 1,8
 
 Results go to stdout as a markdown table, and as JSON to `--json` if given. Numbers depend on
 the machine and on what else runs on it; compare rows of one run.
@@ -38,9 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import inspect
 import json
-import multiprocessing
 import os
 import platform
 import sys
@@ -51,8 +57,7 @@ from pathlib import Path
 from harel.spec.states import Event
 
 from harel_edge import AsyncLibsqlTransport, Message
-from harel_edge.durable import LibsqlCheckpointer, LibsqlScheduler, connect, migrate
-from harel_edge.procpool import worker_settings
+from harel_edge.durable import LibsqlCheckpointer, LibsqlScheduler, SqlEffect, connect, migrate
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import start_sqld_primary
 from harel_edge.testing.proxy import LatencyProxy
@@ -75,30 +80,12 @@ async def ticker(stop: asyncio.Event, lags: list[float]) -> None:
 
 
 def cpu_seconds() -> float:
-    """CPU time of this process and of its worker processes (not the proxy's, not sqld's)."""
-    total = sum(os.times()[:2])
-    tick = os.sysconf("SC_CLK_TCK")
-    for child in multiprocessing.active_children():
-        if child.name.startswith("latency-proxy"):
-            continue
-        try:
-            fields = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
+    """CPU time of this process (not the proxy's, not sqld's)."""
+    return sum(os.times()[:2])
 
 
-async def open_transport(settings, processes: int | None) -> AsyncLibsqlTransport:
-    if processes is None:
-        return await AsyncLibsqlTransport.from_settings(settings)
-    if "processes" not in inspect.signature(AsyncLibsqlTransport.from_settings).parameters:
-        raise SystemExit("this AsyncLibsqlTransport has no `processes` option")
-    return await AsyncLibsqlTransport.from_settings(settings, processes=processes)
-
-
-async def measure(settings, inflight: int, seconds: float, processes: int | None, per_group: int) -> dict:
-    transport = await open_transport(settings, processes)
+async def measure(settings, inflight: int, seconds: float, per_group: int) -> dict:
+    transport = await AsyncLibsqlTransport.from_settings(settings)
     try:
         messages = [Message(f"g{g}", Event(kind=f"e{i}")) for i in range(per_group) for g in range(GROUPS)]
         await transport.publish_many(messages)
@@ -164,7 +151,7 @@ async def run_profile(profile: str, args, tmp: Path, url: str | None, token: str
         # Enough messages that the queue does not drain before the time is up.
         per_group = args.per_group_local if profile == "local" else args.per_group_remote
         settings = settings_for(profile, tmp, i, url, token)
-        row = await measure(settings, inflight, args.seconds, args.processes, per_group)
+        row = await measure(settings, inflight, args.seconds, per_group)
         row["profile"] = profile
         rows.append(row)
         print(
@@ -179,50 +166,50 @@ async def run_profile(profile: str, args, tmp: Path, url: str | None, token: str
 
 # ---- the durable stores (--durable) ------------------------------------------------------------
 
-DURABLE_OPS = ("record", "transact", "queue", "record/N db", "transact/N db")
+DURABLE_OPS = ("record", "transact", "sql transact", "queue")
 _EFFECTS = "CREATE TABLE IF NOT EXISTS bench_effects (id INTEGER PRIMARY KEY, workflow TEXT, step TEXT)"
+_EFFECT = "INSERT INTO bench_effects (workflow, step) VALUES (?, ?)"
 
 
 def bench_effect(workflow: str, step: str, tx) -> int:
-    """A transact effect that can travel to the worker process: one INSERT of its own."""
-    return tx.execute(
-        "INSERT INTO bench_effects (workflow, step) VALUES (?, ?) RETURNING id", (workflow, step)
-    )[0][0]
+    """The `transact` op's Python effect: one INSERT, on the step's own transaction."""
+    return tx.execute(_EFFECT + " RETURNING id", (workflow, step))[0][0]
 
 
 def _prepare(connection) -> None:
     connection.execute(_EFFECTS)
 
 
-async def measure_durable(settings, op: str, inflight: int, seconds: float, processes: int) -> dict:
+async def measure_durable(settings, op: str, inflight: int, seconds: float) -> dict:
     from datetime import timedelta
 
-    settings = settings.model_copy(update={"async_processes": processes})
-    count = inflight if op.endswith("/N db") else 1
-    # On a replica every Database needs a replica file of its own (worker_settings names them).
-    databases = [connect(worker_settings(settings, k)) for k in range(count)]
+    database = connect(settings)
     try:
-        for database in databases:
-            await database.start()
-        await migrate(databases[0])
-        await databases[0].run(_prepare)
+        await migrate(database)
+        await database.run(_prepare)
         run_id = os.urandom(4).hex()
         workflows = [f"bench-{run_id}-{k}" for k in range(inflight)]
-        checkpointers = [LibsqlCheckpointer(databases[k % count]) for k in range(inflight)]
-        scheduler = LibsqlScheduler(databases[0], namespace=f"bench-{run_id}")
-        holders = [
-            await checkpointers[k].claim(workflows[k], timedelta(hours=1), timedelta(hours=1))
-            for k in range(inflight)
-        ]
+        checkpointer = LibsqlCheckpointer(database)
+        scheduler = LibsqlScheduler(database, namespace=f"bench-{run_id}")
+        holders = [await checkpointer.claim(w, timedelta(hours=1), timedelta(hours=1)) for w in workflows]
         done = 0
         deadline = 0.0
+        step = 0  # a fresh step name for every operation, warm-up included
 
-        async def one(k: int, i: int) -> None:
-            if op.startswith("record"):
-                await checkpointers[k].record(holders[k], f"s{i}", i)
-            elif op.startswith("transact"):
-                effect = functools.partial(bench_effect, workflows[k], f"s{i}")
-                await checkpointers[k].transact(holders[k], f"s{i}", effect)
+        async def one(k: int) -> None:
+            nonlocal step
+            step += 1
+            key = f"s{step}"
+            if op == "record":
+                await checkpointer.record(holders[k], key, step)
+            elif op == "transact":
+                await checkpointer.transact(
+                    holders[k], key, functools.partial(bench_effect, workflows[k], key)
+                )
+            elif op == "sql transact":
+                await checkpointer.transact(
+                    holders[k], key, SqlEffect((_EFFECT, (workflows[k], key)), value=step)
+                )
             else:
                 await scheduler.make_ready(workflows[k])
                 delivery = await scheduler.next_ready(timedelta(0))
@@ -231,13 +218,11 @@ async def measure_durable(settings, op: str, inflight: int, seconds: float, proc
 
         async def worker(k: int) -> None:
             nonlocal done
-            i = 0
             while time.perf_counter() < deadline:
-                await one(k, i)
-                i += 1
+                await one(k)
                 done += 1
 
-        # Warm up: every connection (and on sqld every spare process) made and used once.
+        # Warm up: the HTTP connections opened and used, the statements seen once.
         deadline = time.perf_counter() + 0.5
         await asyncio.gather(*(worker(k) for k in range(inflight)))
         done = 0
@@ -246,53 +231,47 @@ async def measure_durable(settings, op: str, inflight: int, seconds: float, proc
         tick = asyncio.create_task(ticker(stop, lags))
         await asyncio.sleep(0.05)
         lags.clear()
+        exchanges = database.executor.exchanges
         start = time.perf_counter()
         deadline = start + seconds
         await asyncio.gather(*(worker(k) for k in range(inflight)))
         elapsed = time.perf_counter() - start
+        exchanges = database.executor.exchanges - exchanges
         stop.set()
         await tick
         return {
             "op": op,
             "inflight": inflight,
-            "design": "threads" if processes == 0 else "processes",
-            "processes": sum(database.processes for database in databases),
             "ops": done,
             "ops_per_s": round(done / elapsed, 1),
+            "exchanges_per_op": round(exchanges / done, 2) if done else float("nan"),
             "lag_p50_ms": round(percentile(lags, 0.50), 2),
             "lag_p99_ms": round(percentile(lags, 0.99), 2),
             "lag_max_ms": round(max(lags), 2) if lags else float("nan"),
         }
     finally:
-        for database in databases:
-            await database.aclose()
+        await database.aclose()
 
 
 async def run_durable_profile(profile: str, args, tmp: Path, url: str, token: str) -> list[dict]:
     rows = []
     n = 0
-    for design in args.designs.split(","):
-        processes = 0 if design == "threads" else args.durable_processes
-        for op in args.ops.split(","):
-            if op.endswith("/N db") and processes == 0:
-                # N connections in one process, each in a transaction: a waiter holds the GIL
-                # while the lock holder cannot run, and sqld aborts the holder after 5 s
-                # (docs/executor.md). That is the failure processes exist to avoid, not a measurement.
-                continue
-            for inflight in args.inflight:
-                n += 1
-                settings = settings_for(profile, tmp, n, url, token)
-                row = await measure_durable(settings, op, inflight, args.seconds, processes)
-                row["profile"] = profile
-                rows.append(row)
-                print(
-                    f"  {profile:8} {row['design']:9} {op:14} in flight {inflight:2}: "
-                    f"{row['ops_per_s']:7.1f} ops/s  lag p50 {row['lag_p50_ms']:6.2f}  p99 "
-                    f"{row['lag_p99_ms']:7.2f}  max {row['lag_max_ms']:7.2f} ms  ({row['ops']} ops, "
-                    f"{row['processes']} processes)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+    for op in args.ops.split(","):
+        for inflight in args.inflight:
+            n += 1
+            # A replica's settings name a file of its own per cell (settings_for), although the
+            # durable Database sends every statement to the primary.
+            settings = settings_for(profile, tmp, n, url, token)
+            row = await measure_durable(settings, op, inflight, args.seconds)
+            row["profile"] = profile
+            rows.append(row)
+            print(
+                f"  {profile:8} {op:13} in flight {inflight:2}: {row['ops_per_s']:7.1f} ops/s  lag p50 "
+                f"{row['lag_p50_ms']:6.2f}  p99 {row['lag_p99_ms']:7.2f}  max {row['lag_max_ms']:7.2f} ms  "
+                f"({row['ops']} ops, {row['exchanges_per_op']} exchanges/op)",
+                file=sys.stderr,
+                flush=True,
+            )
     return rows
 
 
@@ -302,7 +281,7 @@ def durable_main(args) -> None:
         tmp = Path(tmpdir)
         for profile in args.profiles.split(","):
             if profile == "local":
-                continue  # the local profile's Database is unchanged (a thread); see bench_durable.py
+                continue  # the local profile against sqlite3: benchmarks/bench_durable.py
             (tmp / profile).mkdir()
             with (
                 start_sqld_primary(backend=args.backend) as server,
@@ -312,19 +291,21 @@ def durable_main(args) -> None:
                     run_durable_profile(profile, args, tmp / profile, proxy.url, server.rw_token)
                 )
     print(
-        f"\n{platform.python_implementation()} {platform.python_version()}, durable Database, "
-        f"added latency {args.delay * 1000:g} ms each way, {args.seconds:g} s per cell\n"
+        f"\n{platform.python_implementation()} {platform.python_version()}, durable Database on the "
+        f"executor, added latency {args.delay * 1000:g} ms each way, {args.seconds:g} s per cell\n"
     )
-    print("| profile | design | operation | in flight | ops/s | lag p50 ms | lag p99 ms | lag max ms |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| profile | operation | in flight | ops/s | HTTP exchanges/op | lag p50 ms | lag p99 ms | lag max ms |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         print(
-            f"| {row['profile']} | {row['design']} | {row['op']} | {row['inflight']} | {row['ops_per_s']} | "
-            f"{row['lag_p50_ms']} | {row['lag_p99_ms']} | {row['lag_max_ms']} |"
+            f"| {row['profile']} | {row['op']} | {row['inflight']} | {row['ops_per_s']} | "
+            f"{row['exchanges_per_op']} | {row['lag_p50_ms']} | {row['lag_p99_ms']} | {row['lag_max_ms']} |"
         )
     print()
-    for key in sorted({(r["profile"], r["design"], r["op"]) for r in rows}):
-        by = {r["inflight"]: r["ops_per_s"] for r in rows if (r["profile"], r["design"], r["op"]) == key}
+    for key in dict.fromkeys((r["profile"], r["op"]) for r in rows):
+        by = {r["inflight"]: r["ops_per_s"] for r in rows if (r["profile"], r["op"]) == key}
         if 1 in by and by[1]:
             ratios = ", ".join(f"{n}: {by[n] / by[1]:.2f}x" for n in sorted(by) if n != 1)
             print(f"{' / '.join(key)}: throughput relative to 1 in flight: {ratios}")
@@ -340,26 +321,16 @@ def main() -> None:
     parser.add_argument("--inflight", default="1,8,32", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--seconds", type=float, default=4.0, help="measured time per cell")
     parser.add_argument("--delay", type=float, default=0.010, help="added latency each way, seconds")
-    parser.add_argument("--processes", type=int, default=None, help="worker processes (0: threads only)")
     parser.add_argument("--backend", default="binary", help="sqld backend: binary or docker")
     parser.add_argument("--per-group-local", type=int, default=150)
     parser.add_argument("--per-group-remote", type=int, default=12)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--durable", action="store_true", help="measure the durable Database instead")
     parser.add_argument("--ops", default=",".join(DURABLE_OPS), help="durable operations (with --durable)")
-    parser.add_argument("--designs", default="threads,processes", help="durable designs (with --durable)")
-    parser.add_argument(
-        "--durable-processes",
-        type=int,
-        default=8,
-        help="async_processes of the durable Database (processes design)",
-    )
     args = parser.parse_args()
     if args.durable:
         if args.profiles == "local,sqld,replica":
             args.profiles = "sqld,replica"
-        if args.inflight == [1, 8, 32]:
-            args.inflight = [1, 8]
         durable_main(args)
         return
 
@@ -376,9 +347,8 @@ def main() -> None:
             ):
                 rows += asyncio.run(run_profile(profile, args, tmp / profile, proxy.url, server.rw_token))
 
-    design = "event path" if args.processes is None else ("threads" if args.processes == 0 else f"processes={args.processes}")
     print(
-        f"\n{platform.python_implementation()} {platform.python_version()}, {design}, "
+        f"\n{platform.python_implementation()} {platform.python_version()}, AsyncLibsqlTransport, "
         f"added latency {args.delay * 1000:g} ms each way, {args.seconds:g} s per cell\n"
     )
     print("| profile | in flight | msg/s (claim+ack) | lag p50 ms | lag p99 ms | lag max ms | CPU ms/msg |")
@@ -394,7 +364,7 @@ def main() -> None:
             ratios = ", ".join(f"{n}: {by[n] / by[1]:.2f}x" for n in sorted(by) if n != 1)
             print(f"\n{profile}: throughput relative to 1 in flight: {ratios}")
     if args.json:
-        args.json.write_text(json.dumps({"design": design, "delay": args.delay, "rows": rows}, indent=2))
+        args.json.write_text(json.dumps({"delay": args.delay, "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":
