@@ -1,11 +1,6 @@
-"""Durable workflows on libSQL: a checkpoint store with fenced claims, a scheduler queue, their
-one-commit combination, and a small runtime that runs workflows on them.
+"""Durable workflows on libSQL: fenced checkpoints, a scheduler queue, and a runtime over both.
 
-    database = connect(settings)          # one connection, shared by both stores
-    await migrate(database)
-    durable = LibsqlDurable(LibsqlCheckpointer(database), LibsqlScheduler(database))
-
-See docs/durable.md for the guarantees on each profile and a worked example.
+Guarantees and a worked example: docs/durable.md; why it is built this way: docs/durable-design.md.
 """
 
 from harel_edge.durable.checkpointer import (

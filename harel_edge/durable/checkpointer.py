@@ -1,23 +1,6 @@
-"""LibsqlCheckpointer: a workflow's completed steps as rows, and its claim as a row beside them.
+"""LibsqlCheckpointer: a workflow's steps as rows, and its claim as a fenced row beside them.
 
-A pass of a workflow first `claim`s it and gets a `Pass` carrying a fencing token; every write
-it makes is checked against the current token in the same statement that writes, so a pass
-whose claim lapsed and was taken over cannot write anything afterwards, on any profile,
-whatever its clock or the replica it reads from say.
-
-Each operation is ONE statement except `transact`, which must run a caller's effect between
-its checks and its record. One statement is one commit and one round trip to a remote
-primary, and it needs no interactive transaction (which sqld aborts after 5 s when another
-writer waits, and which leaves ambiguous commits behind on a flaky link). Where one statement
-must write two tables, it inserts into a view whose INSTEAD OF trigger does the writes
-(`harel_edge.schema.durable_writes`), and its RETURNING clause reports the outcome.
-
-Deadlines (budget, liveness) are computed by the database's clock (`schema.DB_NOW`, evaluated
-inside the statement): on sqld and replica that is the primary's clock, one clock for every
-worker. Pass `now=` to use another clock (tests drive time this way on the local profile).
-
-Workflow ids and keys are bound as parameters and never parsed: any string is an id, except
-one holding a NUL, which the driver would read back cut short and which is refused.
+Every write is checked against the claim's token in the statement that writes (docs/durable.md).
 """
 
 from __future__ import annotations
@@ -117,9 +100,8 @@ WHERE workflow = ?1 AND token = ?2 AND held_until > t.now
 RETURNING (SELECT value FROM workflow_checkpoint WHERE workflow = ?1 AND step = ?3)
 """
 
-# The guards of an SqlEffect's unit: each fails its statement (json() of a non-JSON text) to abort
-# the unit when the fence did not hold, when the step is already recorded, or when the record
-# was not written (the budget ran out).
+# SqlEffect guards: json() of a non-JSON text fails the statement, aborting the unit when the
+# fence failed, the step is already recorded, or the record was not written.
 _HELD_GUARD = "SELECT CASE WHEN changes() = 1 THEN 1 ELSE json('fenced') END"
 _NOT_RECORDED_GUARD = (
     "SELECT CASE WHEN EXISTS (SELECT 1 FROM workflow_checkpoint WHERE workflow = ?1 AND step = ?2) "
@@ -146,11 +128,9 @@ RETURNING records
 
 
 class Transaction:
-    """What a `transact` effect gets: statements inside the step's open transaction.
+    """What a `transact` effect gets: statements that commit with the step's record, or not at all.
 
-    Everything executed here commits together with the step's record, or not at all. Do not
-    COMMIT or ROLLBACK through it, and keep it short: on a remote primary the transaction holds
-    the write lock across round trips, and sqld aborts it after 5 s if another writer waits.
+    Never COMMIT or ROLLBACK through it; keep it short (remotely it holds the primary's write lock).
     """
 
     def __init__(self, connection: EdgeConnection) -> None:
@@ -194,8 +174,7 @@ def new_inbox_key() -> str:
 class LibsqlCheckpointer:
     """The checkpoint store: load, claim, and fenced writes of a workflow's records.
 
-    `codec` turns a step's result into the row's TEXT and back; the default is JSON. `now`
-    replaces the database's clock (None) with another, for tests.
+    `codec` turns a result into the row's TEXT (JSON by default); `now` replaces the database's clock.
     """
 
     database: Database
@@ -209,11 +188,7 @@ class LibsqlCheckpointer:
     # ---- reading ---------------------------------------------------------------------------
 
     async def load(self, workflow: str) -> dict[str, object]:
-        """Every record of the workflow, in the order they were written.
-
-        On a replica this syncs first: a pass must see what earlier passes recorded, wherever
-        they ran.
-        """
+        """Every record of the workflow, in the order they were written (a replica syncs first)."""
         refuse_nul(workflow, "workflow id")
         rows = await self.database.execute("durable.load", _LOAD, (workflow,))
         return {step: self.codec.decode(value) for step, value in rows}
@@ -232,8 +207,7 @@ class LibsqlCheckpointer:
     async def claim(self, workflow: str, budget: timedelta, alive: timedelta) -> Pass | None:
         """Take the workflow for a pass, or None while another pass holds it.
 
-        `budget` is the most the claim can last; `alive` how long it lasts without a sign of
-        life (`renew`, `record`, `transact`). It can be taken over once it is not alive.
+        `budget` is the most the claim can last; `alive` how long it lasts without a sign of life.
         """
         refuse_nul(workflow, "workflow id")
         budget_s, alive_s = _positive(budget, "budget"), _positive(alive, "alive")
@@ -250,10 +224,9 @@ class LibsqlCheckpointer:
         return bool(rows)
 
     async def renew(self, holder: Pass, alive: timedelta) -> bool:
-        """A sign of life: keep the claim for `alive` more, capped at its budget.
+        """A sign of life: keep the claim `alive` more, capped at its budget.
 
-        False when the claim is not this pass's any more: taken over, released, or out of
-        budget. A renewal never revives a released claim and never lengthens the budget.
+        False once the claim is not this pass's (taken over, released, out of budget); it never revives one.
         """
         alive_s = _positive(alive, "alive")
         rows = await self.database.execute("durable.renew", _RENEW, (holder.workflow, holder.token, alive_s, self.clock_param()))
@@ -266,10 +239,9 @@ class LibsqlCheckpointer:
     # ---- writing -----------------------------------------------------------------------------
 
     async def record(self, holder: Pass, key: str, value: object) -> Recorded:
-        """Store a step's result, if `holder` still holds the workflow; a sign of life as well.
+        """Store a step's result if `holder` still holds the workflow; a sign of life as well.
 
-        Raises `FencedError` when the pass was superseded. The first write of a key wins: a
-        second one leaves the row alone and returns the stored value with `fresh=False`.
+        `FencedError` when superseded; the first write of a key wins (`fresh=False` returns the stored value).
         """
         refuse_nul(key, "step name")
         text = self.codec.encode(value)
@@ -280,27 +252,9 @@ class LibsqlCheckpointer:
         return Recorded(key, self.codec.decode(stored), from_seconds(written_at), fresh=not existed)
 
     async def transact(self, holder: Pass, key: str, effect: LibsqlEffect) -> object:
-        """Run `effect` and record its result in one transaction, so the step happens once.
+        """Run `effect` and record its result in one transaction, so the step happens exactly once.
 
-        In order, under the write lock of one BEGIN IMMEDIATE transaction: the fence (a
-        superseded pass must not act), the existence check (a recorded step is not run again,
-        so a replay performs nothing), the effect, and the record with a sign of life. An
-        exception anywhere rolls the effect back with its record.
-
-        On sqld and replica the outcome can be unknown (the primary applied the COMMIT and the
-        reply was lost). The step's row answers that, because it commits with the effect or not
-        at all: after a transient failure the connection is repaired (a replica synced) and the
-        row looked up on the primary; found, the transaction committed and its value is
-        returned; absent, nothing happened and the attempt runs again, under the retry policy
-        of `harel_edge.retry`. If the policy gives up, the error is raised and the step may or
-        may not have committed; whatever retries it later finds out the same way, since its
-        existence check runs inside its own transaction.
-
-        The effect holds the connection, and on a remote primary the write lock, until it
-        returns: nothing else of this process reaches the store meanwhile, the pass's own
-        renewals included. The record at the end is a sign of life that lands before any
-        claim waiting for the lock, so a long effect does not lose the claim by itself. Keep
-        effects short anyway (sqld aborts a transaction after 5 s when another writer waits).
+        An unknown outcome is settled by looking the step's row up before retrying (docs/durable-design.md).
         """
         refuse_nul(key, "step name")
         if isinstance(effect, SqlEffect):
@@ -358,8 +312,7 @@ class LibsqlCheckpointer:
     async def supply(self, workflow: str, key: str, value: object) -> object:
         """File a value under `key` from outside the workflow (no claim needed).
 
-        The first value for a key wins; the stored one is returned, so supplying twice (a
-        retried webhook, say) is harmless.
+        The first value wins and is returned, so a retried webhook is harmless.
         """
         refuse_nul(workflow, "workflow id")
         refuse_nul(key, "key")
@@ -370,21 +323,16 @@ class LibsqlCheckpointer:
     async def append(self, workflow: str, value: object, key: str | None = None) -> Entry:
         """File `value` in the workflow's inbox under a new key (or `key`, to make a retry idempotent).
 
-        Inbox entries are ordinary records whose keys start with `inbox/`; their order is the
-        order they were committed in, which is the order `load` returns them.
+        Inbox entries are records under `inbox/`, returned by `load` in commit order.
         """
         key = key or new_inbox_key()
         stored = await self.supply(workflow, key, value)
         return Entry(key, stored)
 
     async def discard(self, workflow: str) -> int:
-        """Forget every record of the workflow and raise its fence, in one commit.
+        """Forget every record of the workflow and raise its fence, in one commit; returns how many there were.
 
-        One commit, because the two are only right together: records deleted under an
-        unraised fence would be written back one by one by a pass still in flight, and a fence
-        raised over records that stay would stop a live pass for a deletion that never
-        happened. Returns how many records there were. A released claim row carrying the
-        raised number stays behind; nothing sweeps it.
+        Why one commit: docs/durable-design.md ("Deleting a workflow").
         """
         refuse_nul(workflow, "workflow id")
         rows = await self.database.execute("durable.discard", DISCARD, (workflow, None, self.clock_param()))
@@ -418,10 +366,9 @@ def _transact(
     codec: CheckpointCodec[str],
     now: Callable[[], datetime] | None,
 ) -> str:
-    """One attempt of `transact`: fence, replay check, effect, record, COMMIT, in one transaction.
+    """One attempt of `transact`: fence, replay check, effect, record and COMMIT in one transaction.
 
-    `now` is read at the fence and again at the record, so the sign of life the record gives
-    is measured when the effect has ended.
+    `now` is read again at the record, so its sign of life dates from the effect's end.
     """
 
     def at() -> float | None:

@@ -1,7 +1,5 @@
-"""The database the durable stores share: their statements go through the profile's executor,
-and work that needs a connection of its own runs with one caller at a time.
-
-See docs/durable.md ("Where the statements go") for why each profile is built this way.
+"""The database the durable stores share: one executor for their statements, and `run` for
+work that needs a connection of its own, one caller at a time (docs/executor.md).
 """
 
 from __future__ import annotations
@@ -24,12 +22,9 @@ _CLOSED = "this durable Database was closed: open a new one with harel_edge.dura
 
 
 class Database:
-    """What `LibsqlCheckpointer` and `LibsqlScheduler` share: one executor, and `run` for work
-    that needs a connection (a Python effect, a caller's own transaction).
+    """What `LibsqlCheckpointer` and `LibsqlScheduler` share: one executor, and `run` for connection work.
 
-    `Database(connection)` is a local file's connection, used on a thread of this process;
-    `Database(settings=...)` (what `connect` builds on sqld and replica) speaks Hrana to the
-    primary from the event loop. Close it with `aclose`.
+    `Database(connection)` is a local file used on a thread; `Database(settings=...)` speaks Hrana.
     """
 
     def __init__(self, connection: EdgeConnection | None = None, *, settings: EdgeSettings | None = None) -> None:
@@ -101,10 +96,7 @@ class Database:
     async def run(self, work: Callable[..., T], *args: Any) -> T:
         """Run `work(connection, *args)` on a thread, with no other caller inside its connection.
 
-        Locally that is the file's connection (one caller at a time); remotely a Hrana stream
-        of its own, closed (rolling back what it left open) when the work returns. A cancelled
-        caller unwinds at once; its work still runs to its end before anything reuses the
-        connection (docs/durable.md, "Cancellation").
+        A cancelled caller unwinds at once; its work still ends before the connection is reused.
         """
         if self.connection is None:
             if self.closed:
@@ -150,8 +142,7 @@ class Database:
     async def aclose(self) -> None:
         """Send what is queued, wait for the work inside the connection, then close it.
 
-        Never call `connection.close()` directly: a cancelled caller's statement may still be
-        running on its thread, and closing the driver under it can crash the process.
+        Never call `connection.close()` yourself: closing the driver under a running statement can crash.
         """
         if self.closed:
             return
@@ -269,9 +260,7 @@ def _recover(connection: EdgeConnection | StreamConnection, error: BaseException
 def connect(settings: EdgeSettings | str | os.PathLike[str] | None = None, **overrides: Any) -> Database:
     """Open the Database the durable stores run on, for the profile the settings name.
 
-    Local: the file, opened now (WAL, `synchronous=FULL` by default, a busy timeout). sqld and
-    replica: the primary over Hrana, nothing opened until the first statement. `connect(path)`
-    is the local profile on that file and reads nothing from the environment.
+    `connect(path)` is the local profile on that file and reads nothing from the environment.
     """
     if isinstance(settings, str | os.PathLike):
         settings = ExplicitSettings.load(profile="local", db_path=os.fspath(settings), **overrides)
@@ -287,8 +276,7 @@ def connect(settings: EdgeSettings | str | os.PathLike[str] | None = None, **ove
 async def migrate(database: Database) -> int:
     """Create or upgrade every harel_edge table in this database; returns the version it had.
 
-    Safe from every process at every start: each statement is idempotent, and a database
-    written by a newer harel_edge is refused with `SchemaTooNewError` before anything changes.
+    Idempotent from every process at every start; a newer database raises `SchemaTooNewError` untouched.
     """
     prefix = database.settings.prefix
     return await database.call("durable.migrate", _migrate, prefix)

@@ -1,11 +1,6 @@
-"""LibsqlDurable: the checkpoint store and the scheduler in one database, so that writes to
-both are one commit.
+"""LibsqlDurable: the checkpoint store and the scheduler in one database, so writes to both are one commit.
 
-A value arriving for a workflow and the wakeup that makes a pass read it must land together:
-recorded without the wakeup, the workflow sleeps on a message it has; woken without the
-record, the pass finds nothing and sleeps again, and the message is then lost if the process
-dies before writing it. Each operation here is one statement (through the views of
-`harel_edge.schema.durable_writes`), so it is one commit on every profile.
+Why an arrival and its wakeup must land together: docs/durable-design.md.
 """
 
 from __future__ import annotations
@@ -26,10 +21,8 @@ class SeparateDatabasesError(HarelEdgeError, ValueError):
 
 @dataclass(eq=False)
 class LibsqlDurable:
-    """A checkpoint store and a scheduler on the same `Database`, checked when built.
-
-    The check is by identity, not by file name: two `Database`s are two connections, and a
-    commit on one of them cannot include a write on the other, even to the same file.
+    """A checkpoint store and a scheduler on the same `Database`, checked by identity when built:
+    two `Database`s are two connections, which cannot share a commit even on one file.
     """
 
     checkpointer: LibsqlCheckpointer
@@ -50,8 +43,7 @@ class LibsqlDurable:
     async def arrive(self, workflow: str, key: str, value: object) -> object:
         """Record `value` under `key` and make the workflow ready, together or not at all.
 
-        The first value for a key wins; the stored one is returned, so a retried arrival is
-        harmless (it only asks for one more pass).
+        The first value for a key wins and is returned, so a retried arrival only asks for one more pass.
         """
         refuse_nul(workflow, "workflow id")
         refuse_nul(key, "key")
@@ -63,8 +55,7 @@ class LibsqlDurable:
     async def deliver(self, workflow: str, value: object, key: str | None = None) -> Entry:
         """Append a message to the workflow's inbox and make it ready, together or not at all.
 
-        Pass `key` (one `new_inbox_key()` made before the first attempt) to make retries of an
-        uncertain send idempotent: the same key is filed once.
+        Pass `key` (a `new_inbox_key()` made before the first attempt) to make retries idempotent.
         """
         key = key or new_inbox_key()
         stored = await self.arrive(workflow, key, value)
@@ -73,9 +64,7 @@ class LibsqlDurable:
     async def delete(self, workflow: str) -> int:
         """Cancel the workflow's wakeups, forget its records and raise its fence, in one commit.
 
-        There is no moment in which the records are gone but a wakeup is not (a pass would
-        start from nothing), nor one in which the fence is raised for a deletion that did not
-        happen. Returns how many records there were.
+        Returns how many records there were; why one commit: docs/durable-design.md.
         """
         refuse_nul(workflow, "workflow id")
         rows = await self.database.execute("durable.delete", DISCARD, (workflow, self.scheduler.namespace, self.checkpointer.clock_param()))

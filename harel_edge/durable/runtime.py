@@ -1,30 +1,6 @@
-"""Run a workflow durably: an async function whose steps are recorded, replayed on every pass.
+"""Run a workflow durably: an async function whose steps are recorded, and replayed on every pass.
 
-A workflow is `async def fn(ctx) -> result`. Each pass runs it from the top; a step already
-recorded returns its recorded value instead of running again, so the function picks up where
-the last pass stopped, in whichever process runs the next pass:
-
-    async def order(ctx):
-        quote = await ctx.step("quote", lambda: price_of(ctx.workflow))       # at most re-run
-        await ctx.transact("charge", lambda tx: tx.execute("INSERT ..."))     # exactly once
-        await ctx.sleep_until(ship_date)                                       # pass ends here
-        answer = await ctx.receive("confirmation")                             # or here
-        return {"quote": quote, "answer": answer}
-
-A pass ends when the function returns (`Finished`), or when it reaches a sleep whose time has
-not come (`Sleeping`) or a message that is not there yet (`Waiting`); the scheduler then starts
-the next pass when the time comes or the message arrives. `run_durably` runs one pass now, in
-this process; `DurableWorker` runs passes as the scheduler hands them out.
-
-While a pass runs, its claim is renewed in the background (and its delivery extended). A pass
-that loses its claim stops before its next write: a renewal that fails marks it, and every
-write is fenced in the database besides. A worker that dies simply stops renewing: after
-`alive` the claim lapses, after the lease the delivery is visible again, and another worker's
-pass replays the function from its records.
-
-Guarantees, per kind of step: `transact` is exactly once (its effect and its record commit
-together, in this database); `step` records its result once, but its function may run again
-if the process dies between running it and recording it (make it idempotent, or use transact).
+How a pass runs, ends and is taken over, with a worked example: docs/durable.md.
 """
 
 from __future__ import annotations
@@ -139,8 +115,7 @@ class Context:
     async def step(self, name: str, fn: Callable[[], Any]) -> Any:
         """Run `fn` once and record its result; on later passes, return the recorded result.
 
-        `fn` may be sync or async. If the process dies after `fn` ran and before its result was
-        recorded, the next pass runs it again: make it idempotent, or use `transact`.
+        At least once: a death before the record runs `fn` again, so make it idempotent or use `transact`.
         """
         _check_name(name)
         if name in self._records:
@@ -154,9 +129,7 @@ class Context:
     async def transact(self, name: str, effect: LibsqlEffect) -> Any:
         """Run `effect(tx)` inside the transaction that records its result: exactly once.
 
-        The effect's statements (`tx.execute(...)`) commit together with the step's record, so
-        they happen exactly once however often the pass is replayed or its worker killed.
-        It runs on a thread holding the database: keep it short, and no awaiting inside.
+        It runs on a thread holding the database: keep it short, and await nothing inside.
         """
         _check_name(name)
         if name in self._records:
@@ -177,9 +150,7 @@ class Context:
     async def sleep_until(self, when: datetime) -> None:
         """Return once `when` has passed; until then end the pass, to be woken at `when`.
 
-        The deadline is recorded the first time this sleep is reached, so a function that
-        computes it from the clock (`ctx.now() + timedelta(hours=1)`) keeps the first value on
-        every replay.
+        The deadline is recorded when first reached, so `ctx.now() + delta` keeps its first value on replay.
         """
         key = f"$sleep/{self._sleeps}"
         self._sleeps += 1
@@ -311,12 +282,9 @@ async def run_durably(
     budget: timedelta = BUDGET,
     alive: timedelta = ALIVE,
 ) -> Outcome:
-    """Run one pass of workflow `workflow` now, in this process, and say how it ended.
+    """Run one pass of `workflow` now, in this process, and say how it ended.
 
-    Starts the workflow if it is new, resumes it otherwise. What is left to do is left to
-    the scheduler: a sleeping workflow is scheduled for its deadline, a waiting one is woken
-    by the message it waits for, so a `DurableWorker` (here or anywhere) continues it. An
-    exception from `fn` propagates, with the claim released and nothing else changed.
+    The scheduler carries on from there; an exception from `fn` propagates with the claim released.
     """
     holder = await durable.checkpointer.claim(workflow, budget, alive)
     if holder is None:
@@ -336,13 +304,9 @@ async def run_durably(
 
 @dataclass(eq=False)
 class DurableWorker:
-    """Runs passes of the workflows the scheduler hands out, one at a time, with `fn`.
+    """Runs passes of the workflows the scheduler hands out, one at a time, with `fn` (one per namespace).
 
-    One function per scheduler namespace: `fn` gets every workflow of the namespace (use
-    `ctx.workflow` to tell them apart, or one namespace per kind of workflow).
-    `busy_retry` is how soon a workflow found held by another pass is looked at again.
-    After `max_failed_passes` passes in a row that raised (0: never) the workflow is moved to
-    the dead-letter table and no longer scheduled; a pass that sleeps clears the count.
+    After `max_failed_passes` failed passes in a row (0: never) the workflow is dead-lettered.
     """
 
     durable: LibsqlDurable

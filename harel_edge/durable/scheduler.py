@@ -1,21 +1,6 @@
 """LibsqlScheduler: which workflows want a pass, and when, as one row per workflow.
 
-The row's `visible_at` carries all three states a workflow can be in: queued (a time in the
-past), sleeping (a time in the future), and out with a worker (a lease ahead of the moment a
-worker took it). So waking sleepers and taking back abandoned work need no sweeper: a row
-whose time has come is simply visible again.
-
-The visibility a worker's take wrote, together with the row's generation (a count bumped by
-every take, `make_ready` and `schedule`), is its receipt (`Delivery.receipt`,
-`Delivery.generation`): every later write made with that delivery (`wake_at`, `extend`,
-`done`) applies only if the row still carries both. Anything that touched the workflow
-meanwhile (a message making it ready, another worker taking over an overrun lease, a cancel)
-wrote a different visibility or generation or removed the row, and the stale delivery then
-changes nothing, which is always the right answer: the newer write says more about the
-workflow than the older pass did. Two takes within one tick of the clock write the same
-visibility, never the same generation.
-
-Every operation is one statement; times come from the database's clock unless `now=` is given.
+`visible_at` and a generation are each delivery's receipt, so a stale write changes nothing (docs/durable.md).
 """
 
 from __future__ import annotations
@@ -77,10 +62,8 @@ RETURNING visible_at
 
 _DONE = f"DELETE FROM workflow_queue WHERE {_HELD}"
 
-# A failed pass, through the `<prefix>_workflow_failure` view (schema.dead_letter_tables): the
-# count and the error are written while the receipt holds, and at the limit (?6 > 0) the row
-# moves to the dead-letter table. The generation is bumped, so a retry of a write that landed
-# finds no receipt and counts nothing twice.
+# A failed pass via the `<prefix>_workflow_failure` view, fenced by the receipt; bumping the
+# generation makes a retry of a write that landed count nothing twice.
 _FAILED = """
 INSERT INTO {view} (namespace, workflow, visible_at, generation, error, at, failures, dead)
 SELECT ?1, ?2, ?3, ?4, ?5, t.now, q.failures + 1, (?6 > 0 AND q.failures + 1 >= ?6)
@@ -94,10 +77,7 @@ _CANCEL = "DELETE FROM workflow_queue WHERE namespace = ?1 AND workflow = ?2"
 class LibsqlScheduler:
     """The queue of workflows wanting a pass, scored by when each becomes visible.
 
-    `namespace` separates queues sharing the table (one per kind of workflow, say). `lease` is
-    how long a taken workflow stays invisible to other workers; `poll` how often `next_ready`
-    looks when nothing in this process said something became ready. `now` replaces the
-    database's clock (None) with another, for tests.
+    `namespace` separates queues; `lease` hides a taken workflow; `poll` paces `next_ready`; `now` is for tests.
     """
 
     database: Database
@@ -131,9 +111,7 @@ class LibsqlScheduler:
     async def make_ready(self, workflow: str, when: datetime | None = None) -> None:
         """Ask for a pass of the workflow now (or no later than `when`).
 
-        It never delays a workflow already due earlier, wakes a sleeping one early (its pass
-        sleeps again if its deadline has not come), and changes the receipt of one out with a
-        worker, so that worker's `done` leaves the row and another pass follows.
+        Never delays one already due; what it does to a sleeping or taken row: docs/durable-design.md.
         """
         refuse_nul(workflow, "workflow id")
         at = self.clock_param() if when is None else to_seconds(when)
@@ -148,11 +126,8 @@ class LibsqlScheduler:
         self.notify()
 
     async def wake_at(self, delivery: Delivery, when: datetime) -> None:
-        """Put the workflow to sleep until `when`, unless something asked for a pass meanwhile.
-
-        If the row no longer carries this delivery's receipt, somebody rescheduled the
-        workflow since it was taken, and that pass will reach the same sleep and write it
-        again (the deadline lives in the workflow's records), so nothing is lost by skipping.
+        """Put the workflow to sleep until `when`, unless something asked for a pass meanwhile
+        (then this delivery's receipt is stale, and the next pass writes the same sleep again).
         """
         at = to_seconds(when)
         await self.database.execute("durable.wake_at", _WAKE_AT, (*self._receipt(delivery), at))
@@ -168,9 +143,7 @@ class LibsqlScheduler:
     async def next_ready(self, within: timedelta) -> Delivery | None:
         """Take the next visible workflow, waiting up to `within` for one; None if none came.
 
-        Between looks it waits for the earliest of: the poll interval, the moment the earliest
-        sleeping workflow is due, or a `make_ready`/`schedule` made through this scheduler
-        object (within one process that starts the pass at once instead of a poll later).
+        It looks again at the poll, at the earliest sleeper's deadline, or at a wakeup made in this process.
         """
         deadline = time.monotonic() + within.total_seconds()
         while True:
@@ -190,12 +163,9 @@ class LibsqlScheduler:
                 pass
 
     async def extend(self, delivery: Delivery, within: timedelta) -> Delivery:
-        """Keep the workflow invisible for `within` more; returns the delivery to use from now on.
+        """Keep the workflow invisible `within` more; continue with the delivery this returns.
 
-        The new visibility is the new receipt, so the caller must continue with the returned
-        delivery (and keep it even if it stops waiting: the write lands anyway). If the row no
-        longer carries this receipt (cancelled, or rescheduled by a wakeup during the pass)
-        nothing changes and the delivery passed in is returned.
+        A stale receipt changes nothing and returns the delivery passed in.
         """
         seconds = within.total_seconds()
         rows = await self.database.execute("durable.extend_delivery", _EXTEND, (*self._receipt(delivery), seconds, self.clock_param())
@@ -205,18 +175,15 @@ class LibsqlScheduler:
     async def cancel(self, workflow: str) -> None:
         """Drop the workflow's row, whether queued, sleeping or out with a worker.
 
-        A pass still running then finds nothing to update: its `wake_at` and `done` carry a
-        receipt no row has, so a cancelled workflow is not put back to sleep.
+        A pass still running then matches no row, so a cancelled workflow is not put back to sleep.
         """
         refuse_nul(workflow, "workflow id")
         await self.database.execute("durable.cancel", _CANCEL, (self.namespace, workflow))
 
     async def failed(self, delivery: Delivery, error: str, limit: int) -> tuple[int, bool] | None:
-        """Count a pass of the delivered workflow that raised `error`; at `limit` failed passes
-        in a row (0: never) move it to the dead-letter table, so nothing schedules it again.
+        """Count a failed pass; at `limit` in a row (0: never) move the workflow to the dead-letter table.
 
-        Returns (failed passes, dead-lettered), or None when the row no longer carries this
-        delivery's receipt (rescheduled or cancelled meanwhile: that newer write decides).
+        Returns (failed passes, dead-lettered), or None when the receipt is stale (the newer write decides).
         """
         prefix = self.database.settings.prefix
         sql = _FAILED.format(view=f"{prefix}_workflow_failure", now=_NOW.format(n=7))

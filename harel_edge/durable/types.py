@@ -1,12 +1,6 @@
 """The values the durable stores hand out and take back, and their defaults.
 
-Every type here is a frozen dataclass: each one is a fact read from the database at a moment
-(a claim that was granted, a delivery that was taken, a record that was written), and a fact
-that could be edited afterwards would stop describing what the database said.
-
-Times cross this boundary as timezone-aware `datetime`s and durations as `timedelta`s; inside
-the database they are REAL unix seconds, so that SQL can compare them and the primary's own
-clock (`harel_edge.schema.DB_NOW`) can be used where several machines must agree.
+Frozen dataclasses with aware datetimes and timedeltas (why: docs/durable-design.md).
 """
 
 from __future__ import annotations
@@ -39,8 +33,7 @@ Encoded = TypeVar("Encoded")
 class FencedError(HarelEdgeError):
     """The pass no longer holds its workflow: another pass claimed it, or it was released.
 
-    Raised instead of writing, so a superseded pass cannot overwrite the work of its successor.
-    The pass should stop; the workflow carries on in whichever pass holds it now.
+    Raised instead of writing, so the pass should stop; the workflow carries on in its new holder.
     """
 
 
@@ -50,14 +43,9 @@ class DatabaseClosedError(HarelEdgeError):
 
 @dataclass(frozen=True)
 class Pass:
-    """The right to write a workflow's records, granted by `claim`.
+    """The right to write a workflow's records, granted by `claim`, fenced by `token`.
 
-    `token` is the fencing number: every new claim of the workflow gets a larger one, and every
-    write made with this pass is checked against the current number in the same statement, so
-    a pass whose claim lapsed and was taken over cannot write anything afterwards.
-
-    `held_until` is the budget, the latest moment this claim can last whatever its holder does;
-    `alive_for` is how long one sign of life (a renewal, a record) keeps it from lapsing.
+    `held_until` is the claim's budget; `alive_for` how long one sign of life keeps it from lapsing.
     """
 
     workflow: str
@@ -70,10 +58,7 @@ class Pass:
 class Delivery:
     """One workflow handed to one worker by the scheduler.
 
-    `receipt` is the visibility the worker's take (or its last `extend`) wrote, in unix seconds
-    as stored; `generation` is the row's count of takes and wakeups at the take, which no later
-    take repeats. Every later write made with this delivery (`wake_at`, `extend`, `done`)
-    applies only while the row still carries both, that is while nobody else touched it.
+    `receipt` (the visibility written) and `generation` must both still match for a later write to apply.
     """
 
     workflow: str
@@ -88,11 +73,8 @@ class Delivery:
 
 @dataclass(frozen=True)
 class Recorded:
-    """What `record` left in the store.
-
-    `value` is the stored value as a later pass will read it (through the codec), which is the
-    value passed in when `fresh`, and the one an earlier write of the same key left otherwise:
-    the first write of a key wins, so a replayed step returns what it returned the first time.
+    """What `record` left in the store: the value a later pass will read, and whether this write made it
+    (`fresh`), since the first write of a key wins.
     """
 
     key: str
@@ -120,8 +102,7 @@ class Entry:
 class CheckpointCodec(Protocol, Generic[Encoded]):
     """How a step's result becomes the TEXT of a row, and back.
 
-    The one requirement is the round trip: `decode(encode(v))` must be what a resumed pass
-    should see, because a resumed pass sees nothing else.
+    `decode(encode(v))` must be what a resumed pass should see: it sees nothing else.
     """
 
     def encode(self, value: object) -> Encoded: ...
