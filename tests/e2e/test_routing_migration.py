@@ -80,9 +80,10 @@ def publish_routed(primary: SqldServer) -> dict[str, tuple[str, int, str]]:
     return published
 
 
+@pytest.mark.parametrize("path", ["sync", "event"], ids=["drained by the libsql transport", "drained by the event path"])
 @pytest.mark.parametrize("interleaving", ["as-scheduled", "both-read-before-either-writes"])
 def test_two_replica_workers_upgrade_a_harel_09_queue_on_the_primary_at_once_and_keep_its_messages(
-    interleaving: str, fresh_sqld_primary: SqldServer, tmp_path: Path
+    interleaving: str, path: str, fresh_sqld_primary: SqldServer, tmp_path: Path
 ) -> None:
     """'as-scheduled' releases both at one barrier and lets the scheduler interleave them (the
     second often sees the column through its replica's catch-up after its first delegated
@@ -113,7 +114,7 @@ def test_two_replica_workers_upgrade_a_harel_09_queue_on_the_primary_at_once_and
                     "worker_id": spec["worker"],
                     "retry_deadline": 30.0,
                 },
-                {**spec, "visibility": VISIBILITY},
+                {**spec, "visibility": VISIBILITY, "path": path},
                 barrier,
                 gate,
                 routed_published,
@@ -188,7 +189,7 @@ def test_two_replica_workers_upgrade_a_harel_09_queue_on_the_primary_at_once_and
             assert worker == f"edge-{routed[message][2]}"
     assert conn.execute("SELECT count(*) FROM harel_transport_messages")[0][0] == 0
     print(
-        f"\n[{interleaving}] ALTER outcomes {[(w, o[:60]) for w, _, o in alters]}; released from the barrier "
+        f"\n[{interleaving}, {path}] ALTER outcomes {[(w, o[:60]) for w, _, o in alters]}; released from the barrier "
         f"{1000 * (starts[-1] - starts[0]):.0f} ms apart; old processed "
         f"{[reports[(s['worker'], 'old')]['acked'] for s in WORKERS]}; routed processed "
         f"{[reports[(s['worker'], 'routed')]['acked'] for s in WORKERS]}"
