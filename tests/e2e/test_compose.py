@@ -26,6 +26,7 @@ import pytest
 from harel.spec.states import Event
 
 from harel_edge.connection import EdgeConnection
+from harel_edge.schema import SCHEMA_VERSION
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import wait_until
 from harel_edge.testing.fixtures import sqld_unavailable
@@ -153,12 +154,13 @@ def test_composed_workers_drain_work_published_through_the_replica_node_once_eac
     wait_until(workers_ready, timeout=120, interval=0.2, what=f"{WORKERS} edge workers reporting ready")
 
     replica_node = deployment.connect(deployment.replica_url)
-    # A replica node forwards writes; wait until it has the schema the workers made.
+    # A replica node forwards writes but prepares them against its own copy: wait until it
+    # has the whole schema the workers made (its version is written last).
     wait_until(
-        lambda: replica_node.execute("SELECT count(*) FROM sqlite_master WHERE name = 'harel_transport_publish'")[0][0],
+        lambda: replica_node.execute("SELECT user_version FROM pragma_user_version")[0][0] >= SCHEMA_VERSION,
         timeout=30,
-        what="the replica node seeing the transport's schema",
-    )  # fmt: skip
+        what="the replica node seeing the transport's whole schema",
+    )
     publisher = LibsqlTransport(
         settings=ExplicitSettings.load(
             profile="sqld", url=deployment.replica_url, auth_token=deployment.token
