@@ -1,8 +1,5 @@
-"""How commands reach the database: read-only to look, and checked before anything is written.
-
-A command that only looks reads a local file through SQLite's read-only mode and sends a remote
-primary reads only. A command that writes first refuses, before anything is written, what must
-not be written to (`check_writable`).
+"""How commands reach the database: read-only to look, and checked before anything is written
+(`check_writable` refuses what must not be written to).
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """Open a libsql connection for a profile, configured for what the profile can promise.
 
-One place decides how each profile talks to its data, so the transport and the durable stores
-cannot drift apart:
-
-- `local`: a file on this machine, with WAL (readers never block the writer), `synchronous`
-  from the settings (FULL by default: a commit that returned survives power loss) and a busy
-  timeout (a second process waits for the write lock instead of failing at once);
-- `sqld`: a server over Hrana/HTTP. Durability is the server's (sqld's WAL on its disk); there is
-  no local state, every statement is a round trip;
-- `replica`: a local embedded replica. Reads are served from the local file and may lag the
-  primary; writes are delegated to the primary, after which the replica catches up with its own
-  write. Synced once at start, then every `sync_interval` seconds if set, and on demand.
-
-`EdgeConnection` is deliberately thin: one statement in, all its rows out. Retrying belongs to
-`retry.py` and to the callers that know how to tell whether an ambiguous write happened.
+One place decides how each profile talks to its data (docs/profiles.md); retrying is `retry.py`'s.
 """
 
 from __future__ import annotations
@@ -23,9 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-# The driver's Rust tracing prints INFO lines (one per replica handshake) to STDOUT, where they
-# mix with a program's own output. It reads RUST_LOG once, when `libsql` is imported: quiet it unless
-# the user asked for something.
+# The driver's Rust tracing prints INFO lines to stdout and reads RUST_LOG once, at import: quiet it
+# unless the user asked for something.
 os.environ.setdefault("RUST_LOG", "error")
 
 import libsql  # noqa: E402
@@ -42,18 +28,15 @@ from harel_edge.settings import EdgeSettings
 
 Rows = list[tuple]
 
-# sqld drops a Hrana stream after ~10 s without a request (STREAM_EXPIRED, measured at 11 s),
-# after which the driver's remote connection is dead for good. Reopening before that costs a
-# fresh stream instead of a failed round trip and a retry.
+# sqld drops an idle Hrana stream after ~10 s (measured: 11 s); reopening first is cheaper than a
+# failed round trip and a retry (docs/profiles.md, "sqld").
 REMOTE_IDLE_REOPEN = 8.0
 
 
 class EdgeConnection:
     """One libsql connection and what its profile means for it.
 
-    Not thread-safe by itself: a caller that shares one across threads serializes them (the
-    async transport and the durable `Database` do, with a lock), because a transaction belongs
-    to the connection and a statement from another caller would land inside it.
+    Not thread-safe: a transaction belongs to the connection, so sharers serialize their callers.
     """
 
     def __init__(self, settings: EdgeSettings) -> None:
@@ -76,11 +59,8 @@ class EdgeConnection:
             self._first_sync()
 
     def _first_sync(self) -> None:
-        """Sync at start; on failure, tell a refused token from an unreachable primary.
-
-        A replica's sync reports a bad token exactly like an unreachable primary (a handshake
-        timeout after ~3 s): one plain request to the primary tells them apart, so a wrong token
-        fails at once with `AuthError` instead of being retried until the deadline.
+        """Sync at start; on failure, ask the primary once whether the token was refused, since a replica's
+        sync reports a bad token like an unreachable primary (docs/operations.md, "The token is refused").
         """
         try:
             self.sync()

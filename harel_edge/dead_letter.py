@@ -1,12 +1,6 @@
-"""Dead letters: the messages and durable workflows a worker took out of the way.
+"""Dead letters: the messages and workflows a worker moved aside, as `harel-edge dead-letter` runs them.
 
-A message whose handling failed `max_deliveries` times (HAREL_EDGE_MAX_DELIVERIES), or a
-workflow whose passes raised that many times in a row, is moved to `<prefix>_dead_letters`
-instead of being retried forever (a message's group would otherwise stay blocked behind it).
-These functions are what `harel-edge dead-letter` runs: each takes an `execute(sql, params)`
-callable (the shape `EdgeConnection.execute` has) and returns plain dataclasses; the `*_dead_letter*`
-ones at the end take the settings and open the database as the commands do (`access`). Every write
-is ONE statement, through the views of `schema.dead_letter_tables`. See docs/operations.md.
+Each write is ONE statement through `schema.dead_letter_tables`' views (docs/operations.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""`harel-edge doctor`'s checks: connectivity, credentials, the file, write access, schema, clock skew, sync.
+"""`harel-edge doctor`'s checks: connectivity, credentials, the file, write access, schema, clock, sync.
 
-Each finding says what to do about it. The checks only read: a write access check is a write
-that changes nothing (`status.write_access`).
+Each finding says what to do; the checks only read (write access is a write that changes nothing).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The errors harel_edge raises on purpose.
-
-Every one of them carries a message that says what went wrong *and what to do next*, because
-the person reading it is usually an operator looking at a worker's log, not the author of the
-code. None of them ever includes a secret: tokens are `SecretStr` in the settings and are never
-formatted into a message.
+"""The errors harel_edge raises on purpose: each says what went wrong and what to do next,
+for the operator reading a worker's log, and none ever includes a secret.
 """
 
 from __future__ import annotations
@@ -16,8 +12,7 @@ class HarelEdgeError(Exception):
 class ConfigurationError(HarelEdgeError, ValueError):
     """A setting is missing, malformed or contradicts another one.
 
-    Raised when the settings are read (at start), never later, so a worker with a bad
-    configuration does not start at all rather than failing on its first claim.
+    Raised when the settings are read, so a badly configured worker does not start at all.
     """
 
 

@@ -1,14 +1,6 @@
-"""How an event crosses the link: two units of work per event, shared by the events in flight.
+"""How an event crosses the link: its share of one `claim_many` statement, and one commit carrying its ack.
 
-1. `claim_many` leases the heads of up to N groups in ONE statement, and the same statement
-   returns, with each message, the execution it applies to and whether it was already applied
-   (read on the primary, never a stale replica);
-2. the store's `commit` is ONE transaction that writes the execution, its outbox, timers,
-   spawns, trace and processed-event mark AND deletes the message (the ack).
-
-`EventTransport` and `EventStore` are the async transport and store harel's `AsyncWorker` runs
-on; they share one `EventPath` and one executor, which coalesces the units in flight.
-See docs/executor.md and docs/consistency.md.
+The transport and store harel's `AsyncWorker` runs on, sharing one executor (docs/executor.md).
 """
 
 from __future__ import annotations
@@ -102,15 +94,7 @@ class EventPath:
 class EventTransport:
     """harel's async transport over an `EventPath`, with `claim_many` behind `claim`.
 
-    With `prefetch` (the worker's), `claim` hands out leases from the last `claim_many` and
-    claims again (as many as there are free slots of `concurrency`) only when none is left; a
-    transport shared by several callers keeps it off, so a lease is only ever taken for the
-    caller that asked. It counts for the metrics and the worker's report, and gives back every
-    lease it holds at shutdown.
-
-    With `max_deliveries` (the worker's setting; 0, the default, never) a claimed message that
-    was already delivered that often without being settled cleanly is moved to the dead-letter
-    table instead of being handed out (see `failed` and docs/operations.md).
+    `prefetch` and `max_deliveries`: docs/executor.md ("The event path") and docs/operations.md.
     """
 
     def __init__(
@@ -478,9 +462,7 @@ class EventTransport:
 class EventStore:
     """harel's async execution store over an `EventPath`, with its own SQL (harel's tables).
 
-    `load_for_event` is answered from the claim's own read when the claim brought it, and
-    `commit` carries the ack of the event it marks processed, so an event costs the worker two
-    units of work: its share of a claim, and its commit.
+    `load_for_event` is answered from the claim's read, and `commit` carries the event's ack.
     """
 
     def __init__(self, path: EventPath) -> None:

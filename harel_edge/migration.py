@@ -1,7 +1,5 @@
-"""Creating or upgrading the schema from outside a worker, or printing it for a migration tool.
-
-What `harel-edge migrate` does, as functions: the schema is made by the workers' own schema step,
-after `access.check_writable`, so a database a command migrates is the one a worker would make.
+"""Creating or upgrading the schema from outside a worker, or printing it for a migration tool:
+the workers' own schema step, after `access.check_writable`.
 """
 
 from __future__ import annotations
@@ -57,8 +55,7 @@ def migration_script(prefix: str) -> str:
 def prepare(connection: EdgeConnection, *, migrate: bool, adopt: bool = False) -> int:
     """Refuse a foreign or newer database, then create or upgrade every table the worker uses.
 
-    Returns the schema version found. Runs through the retry policy; idempotent, and safe when
-    several workers start at once.
+    Returns the version found; under the retry policy, idempotent and safe when workers start at once.
     """
     settings = connection.settings
     where = settings.server or settings.db_path

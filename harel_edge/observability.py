@@ -1,16 +1,6 @@
 """Logs and metrics: what an operator watching a fleet of edge workers reads and scrapes.
 
-Logs are structlog, as harel's are, so one configuration covers both: `configure_logging`
-renders every line as JSON (one object per line, for a log shipper) or for a terminal, and
-routes the standard library's `logging` (which harel's worker uses) through the same
-renderer. A line is written for each retried operation (`retrying`, from `retry.py`), each
-failed replica sync (`sync failed`), each lost lease or claim (`lost lease`, from
-`transport.py`; `workflow claim lost`, from the worker) and each dead letter (`dead-lettered`).
-
-Metrics are prometheus-client objects in the default registry, created once at import, so
-the modules that count need only import this one (it imports nothing of harel_edge: every
-layer may use it). `serve_metrics(port)` exposes them for scraping. Counting is cheap and
-always on; nothing is served unless a port is given.
+Imports nothing of harel_edge, so every layer may count; design: docs/observability.md.
 """
 
 from __future__ import annotations
@@ -115,8 +105,7 @@ def refresh_sync_lag(now: float | None = None) -> float | None:
 def serve_metrics(port: int, addr: str = "127.0.0.1") -> None:
     """Serve /metrics on `addr:port` from a daemon thread (prometheus-client's own server).
 
-    Loopback by default: a worker should not open a port to the network unless told to
-    (`HAREL_EDGE_METRICS_ADDR=0.0.0.0` in a container whose port is published on purpose).
+    Loopback by default: a worker opens a port to the network only when told to.
     """
     start_http_server(port, addr=addr)
 
@@ -125,11 +114,9 @@ def serve_metrics(port: int, addr: str = "127.0.0.1") -> None:
 
 
 def configure_logging(fmt: LogFormat = "console", level: str = "info", stream=None) -> None:
-    """Render structlog's lines and the standard library's (harel's worker) the same way.
+    """Render structlog's lines and the standard library's (harel's worker) the same way, on stderr.
 
-    `json` writes one JSON object per line, with an ISO timestamp and the level; `console`
-    writes a readable line for a terminal. Lines go to stderr by default, so a command's own
-    output on stdout (a table, `--json`) stays clean.
+    `json`: one object per line for a shipper; `console`: readable lines for a terminal.
     """
     stream = stream if stream is not None else sys.stderr
     numeric = logging.getLevelName(level.upper())

@@ -1,7 +1,5 @@
-"""Publishing one event from outside a worker, and creating the statechart execution it starts.
-
-What `harel-edge publish` does, as functions: the request is checked before any setting is read
-or anything is opened, and the write goes through `access.open_for_writing`.
+"""Publishing one event from outside a worker, and creating the statechart execution it starts:
+the request is checked before anything is opened, and written through `access.open_for_writing`.
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """Which errors are worth another attempt, and the tenacity policies that make them.
 
-This is the only module that uses tenacity, so there is one place to read to know how
-harel_edge behaves on a flaky link to the primary: exponential backoff with full jitter, a cap
-on each delay, a cap on attempts AND on total time (always a stop), and a log line for every
-attempt that failed.
-
-The libsql driver raises `ValueError` with the server's or the transport's message for almost
-everything, so the classification is by message. A transient error is one where the same
-statement may succeed later unchanged: the link (refused, reset, timed out), sqld's own
-expiries (an idle Hrana stream after 10 s, a transaction aborted after 5 s holding the write
-lock), a busy or locked file, a failed sync. Constraint violations, syntax errors, missing
-tables and refused credentials are never transient: retrying them only delays the error.
-
-What is *not* decided here is whether a failed write happened anyway (an ambiguous commit):
-only the caller knows how to look (a claim token, a step row). `call_with_retry` gives it the
-two moments it needs: `recover` repairs the connection (reopen a dead remote stream, sync a
-replica so its local reads show the primary as it is now), and `resolve` looks the write up,
-only once recovery succeeded, so a look-up never answers from a stale replica.
+The one module that uses tenacity; what it decides and why: docs/operations.md ("How harel_edge reacts").
 """
 
 from __future__ import annotations
@@ -42,9 +26,8 @@ from harel_edge.settings import EdgeSettings
 log = structlog.get_logger("harel_edge.retry")
 T = TypeVar("T")
 
-# The texts below are the ones libsql 0.1.8 and sqld 0.24 were seen to produce (see
-# docs/operations.md, "Errors"); match on the text, not on a status: a replica reports a write
-# to a missing table as PermissionDenied, and a bad token on sync as a handshake timeout.
+# Texts libsql 0.1.8 and sqld 0.24 were seen to produce (docs/operations.md): the text decides,
+# because statuses mislead (a missing table on a replica is PermissionDenied).
 
 # Never transient, checked first: the same statement would fail the same way again.
 PERMANENT_MARKERS = (
@@ -104,10 +87,8 @@ TRANSIENT_MARKERS = (
     "channel closed",
 )
 
-# After these the driver's connection is dead for good (a remote stream is gone after sqld
-# restarted or after ~10 s idle): only a new connection works. "connection has reached an
-# invalid state" is deliberately absent: the driver's next statement works (docs/operations.md),
-# and reopening a replica while its primary is down fails, where the old one still reads.
+# After these only a new connection works; "invalid state" is left out on purpose
+# (docs/operations.md, "How retry.py decides").
 REOPEN_MARKERS = (
     "stream_expired",
     "stream expired",
@@ -161,11 +142,8 @@ def _log_attempt(operation: str) -> Callable[[RetryCallState], None]:
 
 
 def policy(settings: EdgeSettings, operation: str, kind: type[Retrying] | type[AsyncRetrying] = Retrying):
-    """The retry policy for one operation, from the settings.
-
-    Delays are drawn uniformly from [0, min(retry_max_delay, retry_initial_delay * 2**n)]
-    ("full jitter"), so workers that failed together do not retry together. It stops at
-    `retry_attempts` attempts or once `retry_deadline` seconds have passed, whichever is first.
+    """The retry policy for one operation, from the settings: full-jitter exponential delays, stopped
+    at `retry_attempts` attempts or `retry_deadline` seconds, whichever comes first.
     """
     return kind(
         retry=retry_if_exception(is_transient),
@@ -186,15 +164,7 @@ def call_with_retry(
 ) -> T:
     """Run `attempt` under the policy; return its result or raise its last error.
 
-    After a transient failure, and before anything else is sent, `recover(exc)` repairs the
-    connection (given the latest error: reopen, sync). If it fails, that failure counts as the
-    attempt's and recovery is tried again after the next delay. Once it succeeds, and if an
-    attempt may have reached the primary, `resolve()` looks up whether it took effect: a value
-    other than None is the result and nothing is sent again; None means "not applied", and
-    `attempt` runs again.
-
-    The first attempt runs before any policy object exists: nearly every call succeeds at once,
-    and building tenacity's machinery for it cost ~75 us, a tenth of a local claim.
+    After a failure `recover` repairs the connection, then `resolve` looks up whether the write took effect.
     """
     try:
         return attempt()

@@ -1,29 +1,6 @@
 """Every table harel_edge creates, the schema version, and the upgrade from older files.
 
-The transport's two tables are exactly the ones harel's own `SqliteTransport` and
-`LibsqlTransport` create, plus the `routing_key` column, so harel and harel_edge can share a
-file and a harel user's existing queue is upgraded in place rather than copied.
-
-What harel_edge adds beside them is there to make every queue operation ONE statement, which is
-what makes it one round trip to a remote primary and atomic without an interactive
-transaction (measured, docs/transport.md: interactive transactions through embedded replicas deadlock until
-sqld's 5 s timeout and leave ambiguous commits behind):
-
-- a view, `<prefix>_transport_publish_once`, whose INSTEAD OF INSERT trigger writes the group
-  row (first publish wins: INSERT OR IGNORE), then the message, and records the event id in
-  `<prefix>_transport_published`, skipping an event id its group already had within the window,
-  so a publish, or a batch of them as one multi-row INSERT, is a single idempotent statement
-  (version 5's `<prefix>_transport_publish` stays, for what inserts into it unguarded);
-- triggers that keep each group's `claimable_at` (when its head is next claimable: NULL when it
-  is free, else the lease's or the park's end) and, on a claim only, stamp `last_claimed_at` with
-  the claim time, so the claim's single UPDATE also advances the round-robin, and the claim
-  walks free groups without stepping over those in flight;
-- a trigger that drops a group row when its last message is deleted, so ack is one DELETE.
-
-The version lives in `PRAGMA user_version`, one number for the file. A file whose number is
-higher than `SCHEMA_VERSION` was written by a newer harel_edge and is refused. Upgrading is
-idempotent and safe when several processes start at once: every statement is `IF NOT EXISTS`,
-and the one that cannot be (`ALTER TABLE ... ADD COLUMN`) tolerates losing the race.
+harel's transport tables plus what makes each operation one statement (docs/transport.md).
 """
 
 from __future__ import annotations
@@ -35,24 +12,17 @@ from harel.engine.schema import DEFAULT_PREFIX, Names
 
 from harel_edge.errors import SchemaTooNewError
 
-# 4 is harel 0.9's transport (no routing_key); 5 adds routing_key, the publish view, the two
-# triggers and the durable stores' tables; 6 adds the scheduler queue's `generation` (receipts
-# that cannot collide) and makes an arrival bump it, and dead letters (a delivery count, the last
-# error, the dead-letter table and its views: `dead_letter_tables`).
+# What each version added: docs/operations.md ("Upgrades").
 SCHEMA_VERSION = 6
 
-# A row's next generation: a new row holds 0, and its first bump starts the count at a random
-# number below 2**52 (whole numbers a REAL holds exactly: the driver sends large ints as REALs),
-# so a delivery from before a delete cannot match the row made again after it.
+# A new row's first bump starts at a random number below 2**52, so a delivery from before a
+# delete cannot match the row made again (docs/durable.md, "Receipts cannot collide").
 QUEUE_BUMP = "CASE generation WHEN 0 THEN (random() & 4503599627370495) + 1 ELSE generation + 1 END"
 
 PARKED = "__parked__"  # harel's sentinel `locked_by` for a message parked by nack(delay > 0)
 
-# The database's clock as epoch seconds, exact to the millisecond (the resolution of SQLite's
-# 'now'), so it equals `unixepoch('subsec')` bit for bit instead of carrying julianday's float
-# noise. Not `unixepoch('subsec')` itself: that needs SQLite 3.42, and a default or trigger must
-# also work when an older SQLite (Python's own sqlite3, which harel's SqliteTransport uses)
-# writes to the file; there it returns NULL.
+# The database's clock in epoch seconds, rounded to SQLite's millisecond; why not unixepoch():
+# docs/consistency.md ("Whose clock").
 DB_NOW = "(round((julianday('now') - 2440587.5) * 86400000.0) / 1000.0)"
 
 
@@ -266,14 +236,8 @@ def durable_tables() -> list[str]:
 
 
 def durable_writes() -> list[str]:
-    """Views that make each multi-table write of the durable stores ONE statement.
-
-    Each view is only ever inserted into; its INSTEAD OF trigger does the writes, so they share
-    the statement's implicit transaction (one commit, one round trip to a remote primary, no
-    interactive transaction for sqld to time out). The inserted row carries what the trigger
-    needs, including facts computed by the INSERT's own SELECT before the trigger runs (is the
-    pass still the holder, did the key exist, how many records there were), which the
-    statement's RETURNING clause hands back. See harel_edge/durable/ and docs/durable.md.
+    """Views whose INSTEAD OF triggers make each multi-table write of the durable stores ONE statement,
+    with RETURNING handing back what the INSERT's own SELECT found (docs/durable.md, "Decisions").
     """
     return [
         # A holder's write: fenced on (token, budget), first write of a key wins, and a sign of
@@ -342,12 +306,8 @@ def dead_letter_columns(prefix: str = DEFAULT_PREFIX) -> list[tuple[str, str, st
 
 
 def dead_letter_tables(prefix: str = DEFAULT_PREFIX) -> list[str]:
-    """The dead-letter table, the delivery count's trigger, and three views that make moving
-    into it and out of it ONE statement each (needs `dead_letter_columns` to exist).
-
-    A delivery is counted when a claim leases the message (never by a park or a give-back), by
-    every transport sharing the tables, harel 0.9's included. Each view is only inserted into;
-    its INSTEAD OF trigger does the writes, fenced in the database. See harel_edge/dead_letter.py.
+    """The dead-letter table, the delivery count's trigger, and views that move into and out of it in
+    ONE statement each (needs `dead_letter_columns`; docs/operations.md, "Dead letters").
     """
     n = EdgeNames(prefix)
     dl = dead_letters_table(prefix)
@@ -418,10 +378,7 @@ def _add_dead_letters(execute: Execute, prefix: str) -> None:
 def migration_sql(prefix: str = DEFAULT_PREFIX) -> list[str]:
     """The whole schema as a migration tool should run it on a NEW database, in order.
 
-    On a database made by harel 0.9 (no routing_key), run `routing_upgrade(prefix)` once
-    between the tables and the additions; on one made by schema version 5, also
-    `queue_generation_upgrade()`; on a queue in use, `claimable_backfill(prefix)` after it, so
-    its groups in flight stay in flight. `harel-edge migrate --print-sql` prints this.
+    Older databases need the upgrades first (docs/operations.md, "Upgrades"); `migrate --print-sql` prints this.
     """
     return [
         *transport_tables(prefix),

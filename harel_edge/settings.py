@@ -1,15 +1,6 @@
-"""EdgeSettings: one configuration profile, read from the environment when asked for.
+"""EdgeSettings: one configuration profile, read from the environment when asked for, never at import.
 
-A deployment is configured by environment variables (prefix `HAREL_EDGE_`, or a `.env` file),
-so the same image runs as a laptop demo, a worker against a sqld server, or an edge worker
-with an embedded replica. harel's own `HAREL_LIBSQL_DB`, `HAREL_LIBSQL_SYNC_URL` and
-`HAREL_LIBSQL_AUTH_TOKEN` are accepted too, so a harel user can switch without renaming.
-
-Settings are read when `EdgeSettings.load()` is called, never at import: importing harel_edge
-must not fail, or depend on, the environment of the process that imports it.
-
-Every wrong combination fails here, at start, with a `ConfigurationError` that names the
-variable and says what to set: a worker that cannot work should not start.
+Every wrong combination fails at start with a `ConfigurationError` naming the variable (docs/profiles.md).
 """
 
 from __future__ import annotations
@@ -44,18 +35,10 @@ SERVER_SCHEMES = ("http", "https", "libsql", "ws", "wss")
 MIN_PUBLISH_WINDOW = 60.0
 MAX_PUBLISH_WINDOW = 365 * 86400.0
 
-# Ten failed handlings are at least nine of harel's 5 s rechecks apart (45 s and more of a failure
-# that every attempt meets), which an outage (claims fail too, so little is delivered) or a
-# worker's crash does not reach; and a poison message stops blocking its group within a minute or
-# two instead of never. 0 turns dead-lettering off.
+# Why ten: docs/operations.md ("Dead letters"); 0 turns dead-lettering off.
 DEFAULT_MAX_DELIVERIES = 10
 
-# The range of sync_interval (docs/tuning.md has the measurements). The floor is where the
-# background sync starts to cost more than it buys: at 0.05 s one idle replica took ~1% of a core
-# on its machine and ~2% of the primary's (0.01 s: ~4% and ~7.5%), and every replica of a fleet
-# adds its share on the primary. Above the ceiling a periodic sync is no different from none:
-# unset it and sync on demand. Leases never depend on it: the primary decides every claim,
-# whatever the replica has seen.
+# The range of sync_interval, and the measurements behind it: docs/tuning.md.
 MIN_SYNC_INTERVAL = 0.05
 MAX_SYNC_INTERVAL = 3600.0
 
@@ -102,8 +85,7 @@ def _is_url(value: str) -> bool:
 class EdgeSettings(BaseSettings):
     """Where the data lives and how to reach it, plus the queue's and the retry policy's knobs.
 
-    Build it with `EdgeSettings.load()` (which turns validation failures into a
-    `ConfigurationError` that names the variable), or with keyword arguments in code and tests.
+    Build it with `EdgeSettings.load()` (errors name the variable), or with keyword arguments.
     """
 
     # Whether `load()` reads the environment (and so warns about variables that are no setting).
@@ -368,8 +350,8 @@ class EdgeSettings(BaseSettings):
     def load(cls, **overrides: Any) -> EdgeSettings:
         """Read the environment (and `.env`) now, turning any failure into a `ConfigurationError`.
 
-        A `HAREL_EDGE_*` variable that is no setting (`HAREL_EDGE_PROFLE`) is ignored by the
-        settings: it is warned about, once a process, with the setting it resembles."""
+        An unknown `HAREL_EDGE_*` variable is warned about once a process, with the setting it resembles.
+        """
         if cls.reads_environment:
             warn_unknown_variables(overrides.get("_env_file", cls.model_config.get("env_file")))
         try:
@@ -466,10 +448,8 @@ def _explain(exc: ValidationError) -> str:
 
 
 class ExplicitSettings(EdgeSettings):
-    """Settings given in code only: the environment and `.env` are not read.
-
-    What a constructor such as `LibsqlTransport("queue.db")` builds, so an explicit argument
-    never meets a contradicting variable from the process's environment.
+    """Settings given in code only: the environment and `.env` are not read, so an explicit argument
+    (`LibsqlTransport("queue.db")`) never meets a contradicting variable.
     """
 
     reads_environment: ClassVar[bool] = False

@@ -1,15 +1,6 @@
-"""What `harel-edge status` and `harel-edge doctor` look at, as plain functions over one statement runner.
+"""What `harel-edge status` and `doctor` look at: plain functions over one `execute(sql, params)`.
 
-Every query takes an `execute(sql, params) -> rows` callable, the shape `EdgeConnection.execute`
-has, so the same code reads a remote primary, an embedded replica's file or a local file.
-Inspection never writes. Local files are inspected through the standard library's sqlite3 in
-read-only mode (`open_read_only`), not through libsql: opening a file with harel_edge's
-connection applies the local profile's pragmas (WAL), which would change a file that is not
-ours or not yet upgraded, and status must not change anything. A local file is also checked
-(`PRAGMA quick_check`) before any command uses it: SQLite writes into a file with a damaged
-page as readily as into a sound one, and only an integrity check finds the damage.
-
-Times are the database's clock (`schema.DB_NOW`), the one leases are decided by.
+Inspection never writes; local files are read through sqlite3 read-only (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -66,10 +57,7 @@ class DatabaseFacts:
 def database_facts(execute: Execute) -> DatabaseFacts:
     """The schema version and the tables, with reads only.
 
-    `pragma_user_version` rather than `PRAGMA user_version`: sqld treats every PRAGMA
-    statement as a write, and with a read-only token answers it with a broken response
-    ("unexpected EOF during chunk size line", measured on sqld 0.24.32), where the
-    table-valued form is an ordinary read.
+    `pragma_user_version`, because sqld takes every PRAGMA statement for a write (docs/operations.md).
     """
     version = schema.read_version(execute)
     tables = [row[0] for row in execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
@@ -99,11 +87,9 @@ INSPECT_ATTEMPTS = 3
 
 
 def inspect_file(path: str) -> DatabaseFacts:
-    """Look at a local database file without changing it (not even its journal mode).
+    """Look at a local database file without changing it; a missing or empty file is simply new.
 
-    A missing or empty file is simply new. A file that is not SQLite, or whose first page does
-    not read, raises `NotADatabaseError`; one whose integrity check (`PRAGMA quick_check`) finds
-    damage, `DamagedDatabaseError`; one this user may not read, `DatabaseAccessError`.
+    Raises `NotADatabaseError`, `DamagedDatabaseError` (`quick_check`) or `DatabaseAccessError`.
     """
     p = Path(path).expanduser()
     if path == ":memory:" or not p.exists():
@@ -186,18 +172,9 @@ class _SnapshotConnection(sqlite3.Connection):
 
 
 def open_read_only(path: str) -> sqlite3.Connection:
-    """The standard library's sqlite3 on `path`, read-only: it changes nothing in the file, and
-    creates nothing beside it.
+    """The standard library's sqlite3 on `path`, read-only: it changes nothing and creates nothing beside it.
 
-    - no `-wal` beside it (no connection has it open): opened `immutable`. A read-only open of a
-      WAL-mode file otherwise creates the `-wal` and `-shm` files, which would leave traces next
-      to a file we refuse, or one nobody uses;
-    - a `-wal` and its `-shm` (a worker has it open): read the ordinary way, through the WAL,
-      which holds committed data;
-    - a `-wal` without a `-shm` (what a crashed process leaves): SQLite would create the `-shm`
-      to read the WAL, beside a file that may be read-only or not ours, and cannot when the
-      directory is read-only. The two files are copied to a private directory and read there
-      (nothing else has them open: a connection keeps the `-shm` while it lives).
+    How each state of the `-wal`/`-shm` files is read: docs/operations.md ("The local file").
     """
     p = Path(path).expanduser().resolve()
     uri = p.as_uri() + "?mode=ro"
@@ -239,13 +216,9 @@ READ_ONLY_FIX = (
 
 
 def write_problem(path: str) -> str | None:
-    """Why this user could not write the database at `path`, or None when it could.
+    """Why this user could not write the database at `path` (file or directory), or None when it could.
 
-    SQLite writes the file and creates files beside it (`-wal`, `-shm`; a rollback journal), so
-    the directory must be writable too; a new file needs a directory it may create it in. Decided
-    with `os.access`, which answers for the user the command runs as (root included: a file on a
-    read-only filesystem is refused to root too; mode bits alone are not, as root writes through
-    them, and so does SQLite).
+    Decided with `os.access`, which answers for the user the command runs as, root included.
     """
     if path == ":memory:":
         return None
@@ -286,11 +259,8 @@ def check_can_write(path: str) -> None:
 
 
 def last_sync_of_replica_file(path: str) -> float | None:
-    """When this machine's embedded replica file last synced with its primary, as unix time.
-
-    libsql 0.1.8 rewrites `<file>-client_wal_index` on every successful sync (measured: its
-    mtime moves even when the sync brought nothing new), whichever process synced it, so its
-    modification time is the last sync of any worker using that file. None: never synced here.
+    """When this machine's embedded replica file last synced, as unix time (None: never here): the mtime
+    of `<file>-client_wal_index`, which libsql 0.1.8 rewrites on every successful sync.
     """
     index = Path(f"{Path(path).expanduser()}-client_wal_index")
     try:
@@ -534,8 +504,7 @@ SKEW_FAIL = 5.0
 def clock_skew(execute: Execute) -> tuple[float, float]:
     """(primary's clock minus this machine's, the round trip), both in seconds.
 
-    This machine's time is taken as the midpoint of the round trip, so the error of the
-    estimate is at most half the round trip.
+    This machine's time is the round trip's midpoint, so the error is at most half the round trip.
     """
     before = time.time()
     ((primary,),) = execute(f"SELECT {DB_NOW}")
@@ -587,12 +556,9 @@ def settings_summary(settings: EdgeSettings) -> str:
 
 
 def write_access(execute: Execute, facts: DatabaseFacts, prefix: str) -> bool | None:
-    """Whether the credentials may write, found with a write that changes nothing.
+    """Whether the credentials may write, found with a write that changes nothing; None when no table to aim at.
 
-    True or False; None when it cannot be told without changing something (no harel_edge
-    table to aim at). sqld refuses a read-only token's write with 403 before running it.
-    Raises what is not an authorization failure. After a refusal sqld drops the stream, so a
-    remote caller must reopen its connection.
+    Raises what is not an authorization failure; after a refusal a remote caller must reopen (docs/operations.md).
     """
     if not facts.has_schema(prefix):
         return None

@@ -1,19 +1,6 @@
 """The edge worker: harel's async worker on the event path, plus the durable-workflow loop.
 
-Statechart events take the event path (`event_path.py`): one claim statement leases many
-groups' heads with their executions, and each event's commit carries its ack, through the
-profile's executor (Hrana over HTTP to a remote primary, never blocking the loop; one shared
-commit on a local file). The durable workflows and the schema step share that executor
-through the durable `Database`. Parallelism beyond one process comes from processes:
-`run_processes` starts several with the `spawn` method (a libsql connection must not cross a
-fork).
-
-Stopping. On SIGTERM (or SIGINT) the worker stops claiming, lets harel's worker finish the
-events it holds and the durable loop finish its pass (which releases the workflow's claim),
-then closes the connection and returns normally, so the process exits 0. If that takes
-longer than the grace period (or a second signal comes) the remaining work is cancelled, and
-the messages it held are given back (nacked) at once, so another worker takes them without
-waiting for their leases to lapse.
+Several processes are spawned, never forked (docs/quickstart.md, "How a worker process is built").
 """
 
 from __future__ import annotations
@@ -307,11 +294,8 @@ async def run_worker(
 
 
 async def _supervised(name: str, run: Callable[[], Any], stop: asyncio.Event) -> None:
-    """Run `run()` until `stop`; if it fails, log it and start it again after a backoff.
-
-    harel's worker loop ends with the first error of a claim or a timer sweep: once the retry
-    policy has given up on an unreachable primary, for instance. A worker process must outlive
-    that and carry on when the primary is back, as the durable loop does.
+    """Run `run()` until `stop`; if it fails, log it and start it again after a backoff, since harel's
+    loop ends at its first error and a worker must outlive an unreachable primary.
     """
     failures = 0
     while not stop.is_set():

@@ -1,8 +1,6 @@
 """The seam through which the worker's statements reach the data: one implementation a profile.
 
-A unit of work is one statement, or an atomic transaction of several, and goes to the database
-as one piece: one Hrana request to a remote primary, one savepoint inside a shared commit on a
-local file. Units sent while others are on their way are coalesced (see docs/executor.md).
+A unit of work goes as one piece, and units in flight together are coalesced (docs/executor.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """A file on this machine: units of work queued together share one commit, so one fsync.
 
-The connection lives on one thread of its own (libsql is synchronous), or is the worker's
-durable `Database` connection, so one process has one writer. Every unit queued while that
-connection is busy goes into the next transaction, each unit in a savepoint of its own, so a
-unit that fails is undone alone and the others still commit.
+Each unit has a savepoint of its own, so one that fails is undone alone (docs/executor.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """A primary (sqld or Turso) over Hrana over HTTP, from one event loop that it never blocks.
 
-Each unit of work is one Hrana request (`execute`, or a `batch` whose steps are conditioned on
-the previous one, which makes a transaction without a lock held across round trips). Units
-queued while requests are in flight are sent together in one `/v2/pipeline` exchange, on a
-fresh stream closed in the same exchange, so no stream can expire between two requests.
+Each unit is one Hrana request on a stream closed in the same exchange (docs/executor.md).
 """
 
 from __future__ import annotations
@@ -49,8 +46,7 @@ class _Unit:
 class HranaExecutor:
     """Units of work for a remote primary; safe to use from many coroutines of one event loop.
 
-    `max_requests` HTTP exchanges may be in flight at once, each carrying up to `max_units`
-    units; under load, `linger` seconds is how long a new exchange waits for more to join it.
+    Up to `max_requests` exchanges in flight, `max_units` units each; `linger` applies only under load.
     """
 
     def __init__(
