@@ -26,7 +26,7 @@ test: $(STAMP) docker sqld-binary sqld-image
 
 ## Only what needs nothing but the package (no sqld).
 test-local: $(STAMP)
-	$(PY) -m pytest tests/unit tests/contract -m "not sqld"
+	$(PY) -m pytest -m "not sqld and not chaos"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check harel_edge tests benchmarks

@@ -1,25 +1,19 @@
-"""The durable stores on a real sqld: over HTTP (sqld profile) and through embedded replicas.
-
-Every behaviour of `tests/unit/durable/behaviours.py` runs here on both remote profiles, so
-the three profiles are held to the same list. Then what only a remote primary raises: the
-primary's clock deciding when a claim lapses, and the guarantees holding on the primary
-whatever a replica has seen (two replicas, each behind the other).
-"""
+"""What only a remote primary raises for the durable stores: the primary's clock deciding when a
+claim lapses, and the guarantees holding on the primary whatever a replica has seen."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import socket
-import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
+import behaviours
 import pytest
 
 from harel_edge.connection import connect as open_connection
-from harel_edge.durable import FencedError, LibsqlCheckpointer, connect, migrate
+from harel_edge.durable import FencedError, connect, migrate
 from harel_edge.durable.runtime import Context, DurableWorker, Finished, Sleeping, run_durably
 from harel_edge.errors import SchemaTooNewError
 from harel_edge.settings import EdgeSettings
@@ -29,17 +23,7 @@ from harel_edge.testing.fixtures import sqld_unavailable
 pytestmark = pytest.mark.sqld
 
 
-def _load_behaviours():  # noqa: ANN202
-    """The behaviour module the local tests run, loaded by path (tests/ is not a package)."""
-    path = Path(__file__).resolve().parents[1] / "unit" / "durable" / "behaviours.py"
-    spec = importlib.util.spec_from_file_location("durable_behaviours", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
-
-behaviours = _load_behaviours()
 
 
 def _port_in_our_range(low: int = 18210, high: int = 18299) -> int:
@@ -90,40 +74,6 @@ def replica(primary: SqldServer, path: Path) -> EdgeSettings:
     return EdgeSettings(
         profile="replica", sync_url=primary.http_url, auth_token=primary.rw_token, db_path=str(path)
     )
-
-
-@pytest.mark.parametrize("behaviour", behaviours.ALL, ids=[b.__name__ for b in behaviours.ALL])
-def test_on_a_remote_primary(behaviour, remote: EdgeSettings) -> None:  # noqa: ANN001
-    async def scenario() -> None:
-        stores = await behaviours.open_stores(remote)
-        try:
-            await behaviour(stores)
-        finally:
-            await stores.database.aclose()
-
-    asyncio.run(scenario())
-
-
-def test_a_claim_lapses_by_the_primarys_clock_and_its_old_holder_is_fenced(remote: EdgeSettings) -> None:
-    async def scenario() -> None:
-        database = connect(remote)
-        await migrate(database)
-        checkpointer = LibsqlCheckpointer(database)  # no injected clock: the primary's
-        workflow = f"lapse-{remote.profile}-{id(database)}"
-        old = await checkpointer.claim(workflow, timedelta(minutes=5), timedelta(seconds=0.3))
-        assert old is not None
-        assert await checkpointer.claim(workflow, timedelta(minutes=5), timedelta(seconds=0.3)) is None
-        async with asyncio.timeout(30):  # a hang guard, not a timing assertion
-            while (
-                new := await checkpointer.claim(workflow, timedelta(minutes=5), timedelta(seconds=30))
-            ) is None:
-                await asyncio.sleep(0.05)
-        assert new.token == old.token + 1
-        with pytest.raises(FencedError):
-            await checkpointer.record(old, "late", 1)
-        await database.aclose()
-
-    asyncio.run(scenario())
 
 
 def test_fencing_holds_on_the_primary_whatever_a_stale_replica_has_seen(

@@ -1,0 +1,42 @@
+"""Every behaviour of `behaviours.py` on every profile: a local file of its own per test, and a
+real sqld primary over HTTP and through an embedded replica (one primary for the session; each
+behaviour uses workflow ids and namespaces of its own)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from behaviours import ALL, Behaviour, open_stores
+
+from harel_edge.settings import EdgeSettings
+
+PROFILES = ["local", pytest.param("sqld", marks=pytest.mark.sqld), pytest.param("replica", marks=pytest.mark.sqld)]
+
+
+def settings_for(profile: str, request: pytest.FixtureRequest, tmp_path) -> EdgeSettings:  # noqa: ANN001
+    if profile == "local":
+        return EdgeSettings(db_path=str(tmp_path / "durable.db"))
+    primary = request.getfixturevalue("sqld_primary")
+    if profile == "sqld":
+        return EdgeSettings(profile="sqld", url=primary.http_url, auth_token=primary.rw_token)
+    return EdgeSettings(
+        profile="replica", sync_url=primary.http_url, auth_token=primary.rw_token, db_path=str(tmp_path / "r.db")
+    )
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("behaviour", ALL, ids=[b.__name__ for b in ALL])
+def test_each_durable_behaviour_holds_on_each_profile(
+    behaviour: Behaviour, profile: str, request: pytest.FixtureRequest, tmp_path  # noqa: ANN001
+) -> None:
+    settings = settings_for(profile, request, tmp_path)
+
+    async def scenario() -> None:
+        stores = await open_stores(settings)
+        try:
+            await behaviour(stores)
+        finally:
+            await stores.database.aclose()
+
+    asyncio.run(scenario())
