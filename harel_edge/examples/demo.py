@@ -1,19 +1,6 @@
-"""`harel-edge demo`: the whole job on one machine, in a few seconds.
+"""`harel-edge demo`: the whole job on one machine, in a few seconds (steps: docs/quickstart.md).
 
-What it does, on the local profile in a file of its own:
-
-1. creates the schema, and `demo_ledger`, the table the sample workflow charges into;
-2. creates `orders` executions of the sample statechart (`order.stm`) and publishes, for each, a
-   Start, Pay, Ship and Deliver event as one batch, spread over priorities 0-3 and the routing
-   keys eu, us and ap;
-3. makes `workflows` sample durable workflows (`workflow.py: fulfil`) ready;
-4. starts two worker processes (spawn): `edge-1` claims any routing key, `edge-2` only `eu`;
-5. while they work, delivers each workflow's confirmation once it has charged (a message
-   arriving from another process wakes it), and shows progress;
-6. stops the workers (SIGTERM semantics: they finish what they hold), and prints who did what,
-   then checks the outcome: every order delivered, every workflow finished, every charge once.
-
-The demo ignores HAREL_EDGE_* settings on purpose: it must not write into a deployment's database.
+It ignores HAREL_EDGE_* settings on purpose: it must not write into a deployment's database.
 """
 
 from __future__ import annotations

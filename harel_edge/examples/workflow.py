@@ -1,15 +1,6 @@
-"""The demo's durable workflow: fulfil an order, step by step, surviving any worker's death.
+"""The demo's durable workflow: fulfil an order step by step, surviving any worker's death.
 
-Run by `harel-edge worker --workflow fulfil=harel_edge.examples.workflow:fulfil` (the demo
-does this in each of its workers). A workflow is started by making it ready in its namespace
-and continued by whichever worker takes it next:
-
-    await durable.scheduler.make_ready("order-7")                       # start
-    await durable.arrive("order-7", "confirmation", {"by": "warehouse"})  # the message it waits for
-
-The charge is a `transact` step: its row in `demo_ledger` and the step's record commit
-together, so however often the workflow is replayed or its worker killed, each order is
-charged exactly once. The demo counts those rows to show it.
+The charge is a `transact` step, so each order is charged exactly once; the demo counts the rows.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """Test helpers for harel_edge and its users: a real sqld to test against, and its keys.
 
-Why a public package: code built on harel_edge has to be tested against a real sqld
-(a primary, a replica node, an embedded replica synced with it), with authentication on,
-and with the primary killed, paused or restarted. These helpers start one in Docker or
-from the binary and hand back a :class:`SqldServer`. The pytest fixtures live in
-``harel_edge.testing.fixtures`` (a pytest plugin).
-
-Importing this package does not import Docker or testcontainers; the Docker backend
-imports them when it starts a container.
+Importing it imports no Docker; the pytest plugin is `harel_edge.testing.fixtures` (docs/testing.md).
 """
 
 from harel_edge.testing.auth import SqldKeys, generate_keys, load_keys, make_token

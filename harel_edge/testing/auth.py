@@ -1,14 +1,6 @@
-"""Ed25519 keys and JWT tokens for a sqld that has authentication switched on.
+"""Ed25519 keys and JWT tokens for a sqld with authentication on, minted offline, as production runs it.
 
-Why this exists: sqld checks every client request against an Ed25519 public key
-(``--auth-jwt-key-file``) and an EdDSA-signed JWT sent as ``Authorization: Bearer``.
-Tests (ours and our users') must run sqld with authentication on, as production does,
-so they need a key pair and tokens they can mint on the spot, offline. The claim ``a``
-grants access: ``"rw"`` read-write, ``"ro"`` read-only; without it the token has full
-access. ``exp`` is optional.
-
-The private key stays in memory unless a caller writes it out on purpose; neither it
-nor a token ever appears in a ``repr``.
+Neither the private key nor a token ever appears in a `repr` (docs/testing.md, "Keys and tokens").
 """
 
 from __future__ import annotations
@@ -37,11 +29,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class SqldKeys:
-    """An Ed25519 key pair for sqld: sign tokens with it, give sqld its public half.
+    """An Ed25519 key pair for sqld: sign tokens of every kind with it, give sqld its public half.
 
-    Why a class: a test needs the public key on disk for sqld and the private key to
-    mint tokens of several kinds (read-write, read-only, expired); keeping both together
-    means one object to pass around. The private key is excluded from ``repr``.
+    The private key is excluded from `repr`.
     """
 
     private_key_pem: bytes = field(repr=False)
@@ -62,10 +52,8 @@ class SqldKeys:
 
     @property
     def public_key_base64(self) -> str:
-        """The raw 32 public key bytes in URL-safe base64 without padding.
-
-        sqld accepts this form in the key file and in the ``SQLD_AUTH_JWT_KEY`` env var,
-        which is handier than PEM for containers and compose files.
+        """The raw 32 public key bytes in URL-safe base64 without padding, the form sqld reads from its key
+        file and `SQLD_AUTH_JWT_KEY`, handier than PEM for containers.
         """
         raw = self._private_key.public_key().public_bytes(
             serialization.Encoding.Raw, serialization.PublicFormat.Raw
@@ -77,11 +65,9 @@ class SqldKeys:
         return make_token(self, access=access, expires_in=expires_in)
 
     def write_public_key(self, path: str | os.PathLike[str], fmt: KeyFormat = "pem") -> Path:
-        """Write the public key where sqld's ``--auth-jwt-key-file`` can read it.
+        """Write the public key where sqld's `--auth-jwt-key-file` can read it, world-readable.
 
-        ``fmt`` is "pem" or "base64" (URL-safe, unpadded, no newline: the only base64
-        form sqld 0.24 accepts). The public key is not a secret, so the file is world-readable: a sqld running in
-        a container under another user id must be able to open it.
+        `fmt` is "pem" or "base64" (URL-safe, unpadded, no newline: the only base64 sqld 0.24 accepts).
         """
         path = Path(path)
         # sqld 0.24 refuses a base64 key file with a trailing newline or "=" padding.
@@ -112,10 +98,8 @@ def generate_keys() -> SqldKeys:
 
 
 def load_keys(private_key_pem: bytes | str | os.PathLike[str]) -> SqldKeys:
-    """Load a key pair from a private key PEM (its bytes, or the path of its file).
-
-    Why: a deployment (compose files, a long-lived test server) keeps its keys across
-    runs, so tokens minted yesterday still work today.
+    """Load a key pair from a private key PEM (its bytes, or the path of its file), so a deployment's
+    tokens keep working across runs.
     """
     if isinstance(private_key_pem, (str, os.PathLike)) and not str(private_key_pem).startswith("-----BEGIN"):
         data = Path(private_key_pem).read_bytes()
@@ -135,9 +119,7 @@ def make_token(
 ) -> str:
     """Return an EdDSA JWT that sqld accepts.
 
-    ``access`` is the ``a`` claim: ``"rw"`` (read-write), ``"ro"`` (read-only) or None
-    for a token without the claim (full access). ``expires_in`` seconds sets ``exp``
-    (a negative value makes an already expired token, for tests of refusal).
+    `access`: "rw", "ro" or None (no `a` claim: full access); a negative `expires_in` makes it expired.
     """
     if access not in ("rw", "ro", None):
         raise ValueError(f"access must be 'rw', 'ro' or None, not {access!r}")

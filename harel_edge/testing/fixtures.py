@@ -1,26 +1,6 @@
-"""pytest fixtures that hand tests a real sqld: a pytest plugin.
+"""pytest fixtures that hand tests a real sqld; load with `pytest_plugins = ["harel_edge.testing.fixtures"]`.
 
-Load it with ``pytest_plugins = ["harel_edge.testing.fixtures"]`` in a top-level
-conftest.py (or through the package's ``pytest11`` entry point).
-
-Why skip-or-fail: on a laptop without Docker or the sqld binary, tests that need sqld
-should say why they did not run (skip) rather than break the run. In CI that same skip
-would hide a broken setup, so ``HAREL_EDGE_REQUIRE_SQLD=1`` turns every "sqld cannot
-start" into a failure with the reason.
-
-Fixtures:
-
-- ``sqld_primary`` (session): one primary shared by the whole run. Do not kill, pause or
-  restart it; use ``fresh_sqld_primary`` for that.
-- ``fresh_sqld_primary`` (function): a new primary with an empty database, closed after
-  the test.
-- ``sqld_replica_node`` (function): a new replica node of ``sqld_primary``.
-- ``sqld_backend`` (function, parametrized 'docker' and 'binary'): the backend name,
-  after checking that it can run here; pass it to ``start_sqld_primary(backend=...)`` to
-  run a test on both.
-
-This module imports only pytest at import time, so registering the plugin costs nothing
-for test runs that never ask for sqld.
+They skip when sqld cannot start, or fail with `HAREL_EDGE_REQUIRE_SQLD=1` (docs/testing.md, "Fixtures").
 """
 
 from __future__ import annotations
@@ -128,10 +108,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
-    """Say in the run's header which sqld backends can run here, and whether sqld is required.
-
-    Silent where the test extras are not installed: the plugin may be loaded in projects
-    that never use sqld.
+    """Say in the run's header which sqld backends can run here, and whether sqld is required;
+    silent where the test extras are not installed.
     """
     try:
         from harel_edge.testing.sqld import backend_unavailable_reason, sqld_image  # noqa: PLC0415

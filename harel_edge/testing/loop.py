@@ -1,8 +1,5 @@
-"""Measure whether the event loop stays free while something is awaited.
-
-A frozen loop shows as a 1 ms ticker that barely ticks: counting its wake-ups during a call
-compares designs (a thread that holds the GIL against a worker process) without asserting any
-wall-clock time, which a shared machine would make flaky.
+"""Measure whether the event loop stays free while something is awaited: count a 1 ms ticker's
+wake-ups, which compares designs without asserting wall-clock times (docs/testing.md).
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """A TCP proxy on loopback that adds latency to a link and can cut it, for tests and benchmarks.
 
-Why: an edge worker is tens of milliseconds from its primary, while a test's sqld is on
-127.0.0.1, a fraction of a millisecond away. The kernel here has no netem, so the
-delay is added by a proxy between the client and sqld: every chunk read on one side is written
-to the other side `delay` seconds later, in order. The delay is per direction, so a round trip
-through the proxy costs at least `2 * delay`; bandwidth is not limited and requests pipelined
-on one connection are not serialized by the proxy.
-
-Why a process of its own: libsql holds the GIL while it waits for the server (docs/executor.md). A
-proxy running as a thread of the client's process could not forward the very reply the client
-is waiting for, so every call would hang. `LatencyProxy` therefore runs its event loop in a
-child process (spawn start method) and is driven over a pipe.
-
-`cut()` drops every open connection and refuses new ones (each accepted connection is closed at
-once), which is what a client sees when the primary's link goes away; `heal()` lets traffic
-through again. Only 127.0.0.1 is ever listened on or connected to.
+It runs in a process of its own; why, and what `cut()` and `heal()` do: docs/testing.md.
 """
 
 from __future__ import annotations
@@ -31,8 +17,7 @@ LOOPBACK = "127.0.0.1"
 class LatencyProxy:
     """Listen on 127.0.0.1:`port` and forward to 127.0.0.1:`target_port` with `delay` s each way.
 
-    Use it as a context manager, or call `close()`. `url` is the proxy's `http://` address, to
-    put where the server's address would go (an `EdgeSettings.url` or `sync_url`).
+    A context manager; put `url` where the server's address would go (`EdgeSettings.url`, `sync_url`).
     """
 
     def __init__(self, target_port: int, delay: float = 0.010, *, port: int = 0) -> None:

@@ -1,7 +1,5 @@
-"""Start a real sqld (libsql-server) for tests: a primary, or a replica node of one.
-
-Why: harel_edge's guarantees must hold against the real server, never a mock. How the
-backend is chosen, what a launch sets up and the env vars that steer it: docs/testing.md.
+"""Start a real sqld (libsql-server) for tests, a primary or a replica node of one: guarantees must
+hold against the real server, never a mock (docs/testing.md).
 """
 
 from __future__ import annotations
@@ -181,10 +179,9 @@ def start_sqld_primary(
     extra_args: list[str] | tuple[str, ...] = (),
     startup_timeout: float = 30.0,
 ) -> SqldServer:
-    """Start a sqld primary on 127.0.0.1 and return it once ``/health`` answers.
+    """Start a sqld primary on 127.0.0.1 and return it once `/health` answers.
 
-    Raises :class:`SqldUnavailable` if sqld cannot run here, :class:`SqldStartError` if it
-    does not get ready within ``startup_timeout`` seconds; the options are in docs/testing.md.
+    `SqldUnavailable` if sqld cannot run here, `SqldStartError` if not ready in time (docs/testing.md).
     """
     return _launch(
         role="primary",
@@ -214,10 +211,9 @@ def start_sqld_replica_node(
     extra_args: list[str] | tuple[str, ...] = (),
     startup_timeout: float = 30.0,
 ) -> SqldServer:
-    """Start a sqld replica node of ``primary`` (``--primary-grpc-url``) on 127.0.0.1.
+    """Start a sqld replica node of `primary` (`--primary-grpc-url`) on 127.0.0.1.
 
-    It checks tokens with the primary's key and forwards writes to the primary; it serves
-    no gRPC of its own, so its ``grpc_url`` is None (docs/testing.md).
+    It shares the primary's key and forwards writes to it; its `grpc_url` is None (docs/testing.md).
     """
     return _launch(
         role="replica",

@@ -1,7 +1,5 @@
-"""Where sqld can come from here: the binary or the Docker image, and which of them to use.
-
-Why: a test should run sqld whichever way this machine allows, and, when neither works,
-skip or fail with a reason that says what to install or run (docs/testing.md).
+"""Where sqld can come from here, the binary or the Docker image, and which to use; when neither
+works, the reason says what to install or run (docs/testing.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """sqld as something to start, stop, kill, pause and read logs from: a subprocess or a container.
 
-Why two behind one interface: the server handle disturbs sqld the same way on either
-backend. Each one is tagged with its owner's pid, so a later run removes what a killed run left.
+Each is tagged with its owner's pid, so a later run removes what a killed run left (docs/testing.md).
 """
 
 from __future__ import annotations
@@ -151,10 +150,8 @@ class _DockerProcess:
     def __init__(
         self, image: str, env: dict[str, str], extra_args: list[str], work_dir: Path, name_hint: str
     ) -> None:
-        """Configure sqld through ``SQLD_*`` env vars rather than flags.
-
-        Why: they work for both our image and the official one, whose entry point appends
-        flags of its own (docs/testing.md). The command is the image's CMD plus ``extra_args``.
+        """Configure sqld through `SQLD_*` env vars rather than flags, which work for our image and the
+        official one alike; the command is the image's CMD plus `extra_args` (docs/testing.md).
         """
         # The reaper (Ryuk) image cannot be pulled on offline machines; we clean up ourselves.
         os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")

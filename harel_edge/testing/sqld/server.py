@@ -1,7 +1,6 @@
 """The handle on a running sqld, which tests read URLs and tokens from and disturb through.
 
-Why: fault-injection tests need to stop, kill, pause, resume and restart a real server and
-then wait on what follows; readiness is a poll of ``/health``, never a fixed sleep.
+Readiness is a poll of `/health`, never a fixed sleep.
 """
 
 from __future__ import annotations
@@ -37,10 +36,9 @@ def wait_until(
     what: str = "the condition",
     interval: float = 0.01,
 ) -> object:
-    """Call ``condition`` until it returns something truthy, and return that; raise after ``timeout``.
+    """Call `condition` until it returns something truthy, and return that; raise after `timeout`.
 
-    Why: what a test waits for on sqld takes a variable time. An exception from ``condition``
-    means "not yet"; the last one is chained to the ``TimeoutError`` (docs/testing.md).
+    An exception from `condition` means "not yet"; the last one is chained to the `TimeoutError`.
     """
     deadline = time.monotonic() + timeout
     delay = interval
@@ -76,8 +74,7 @@ def _close_leftovers() -> None:
 class SqldServer:
     """A running sqld (primary or replica node) and the means to disturb it.
 
-    Why one handle: a test reads URLs and tokens from it and injects faults through it; the
-    attributes and what each method keeps are listed in docs/testing.md.
+    Its attributes and what each method keeps: docs/testing.md ("The handle").
     """
 
     def __init__(
