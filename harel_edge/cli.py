@@ -1,19 +1,6 @@
 """`harel-edge`: run, inspect and repair a harel_edge deployment from the shell.
 
-Every command reads the same settings as the workers (HAREL_EDGE_* variables, `.env`, or the
-global options, which win), so what an operator inspects is what the workers use. Commands that
-only look (`status`, `doctor`, `config show`, `dead-letter list` and `show`) never write: a local file is read through
-SQLite's read-only mode, and a remote primary only receives reads. Commands that write refuse,
-before writing anything, a file that is not a database, another application's database, and a
-database written by a newer harel_edge.
-
-Errors are one line on stderr that says what to do, and a non-zero exit code (see
-docs/cli.md): 1 the command ran and found a problem, 2 bad configuration or arguments,
-3 primary unreachable, 4 credentials refused, 5 the database cannot be used as it is.
-Secrets never appear in output: tokens are redacted in `config show` and scrubbed from errors.
-
-The commands' work is in library functions that return dataclasses (`publishing`, `migration`,
-`status`, `doctor`, `dead_letter`, over `access`); this module parses, renders and maps errors.
+This module parses, renders and maps errors to exit codes; the work is in the library modules.
 """
 
 from __future__ import annotations
@@ -238,9 +225,8 @@ def publish(
 ) -> None:
     """Append an event to a group's queue.
 
-    A group's first message fixes its priority and routing key for as long as the group has
-    messages. For a statechart, the group is the execution's id: start one with
-    `publish ID Start --create MACHINE` (its --data seeds the context), then send it events."""
+    The group's first message fixes its priority and routing key; `--create MACHINE` starts an execution.
+    """
     request = publishing.publish_request(
         group, kind, data, priority=priority, routing_key=routing_key, event_id=event_id, create=create
     )
@@ -265,9 +251,8 @@ def status(
 ) -> None:
     """Show the queue, the workflows and a replica's lag.
 
-    Queue depth by priority, routing key and group; messages in flight and parked; the oldest
-    message; workflows ready, sleeping and claimed; a replica's last sync. Reads only: a read-only
-    token is enough."""
+    Depth by priority, routing key and group, in flight, parked, workflows, last sync. Reads only.
+    """
     report = collect_status(ctx.obj.settings(), top=groups)
     if as_json:
         print(json.dumps(report.as_dict(), indent=2, default=str))
@@ -377,8 +362,8 @@ def migrate(
 ) -> None:
     """Create or upgrade the schema.
 
-    Idempotent and safe while workers run. A database written by a newer harel_edge is refused.
-    With --print-sql, print the schema for a migration tool and touch nothing."""
+    Idempotent and safe while workers run; --print-sql prints the schema and touches nothing.
+    """
     settings = ctx.obj.settings()
     if print_sql:
         sys.stdout.write(migration.migration_script(settings.prefix))
@@ -471,9 +456,8 @@ def worker(
 ) -> None:
     """Run an edge worker: statecharts and durable workflows.
 
-    harel's worker on this transport (the .stm machines in --definitions) and the durable-workflow
-    loop (each --workflow), until SIGTERM or SIGINT; then it finishes or gives back what it holds
-    and exits 0."""
+    Until SIGTERM or SIGINT; then it finishes or gives back what it holds and exits 0.
+    """
     from harel_edge.supervisor import run_processes  # noqa: PLC0415
     from harel_edge.worker import WorkerOptions, load_definitions, parse_workflow, serve  # noqa: PLC0415
 
@@ -526,9 +510,8 @@ def demo(
 ) -> None:
     """Run the whole job on this machine, in seconds.
 
-    On the local profile, in a temporary directory: events for several groups with priorities
-    and routing keys, a sample statechart and a sample durable workflow, processed by two worker
-    processes; then a summary. Ignores HAREL_EDGE_* settings."""
+    On the local profile, in a temporary directory, with two worker processes. Ignores HAREL_EDGE_*.
+    """
     from harel_edge.examples.demo import run_demo  # noqa: PLC0415
 
     workdir = None if db else Path(tempfile.mkdtemp(prefix="harel-edge-demo-"))
@@ -577,8 +560,8 @@ def dead_letter_list(
 ) -> None:
     """List the dead letters, oldest first.
 
-    Messages whose handling failed HAREL_EDGE_MAX_DELIVERIES times and durable workflows whose
-    passes failed that many times in a row, which the workers moved aside. Reads only."""
+    Messages and workflows that failed HAREL_EDGE_MAX_DELIVERIES times, moved aside. Reads only.
+    """
     settings = ctx.obj.settings()
     found = dead_letter.read_dead_letters(settings, kind=_kind_option(kind), limit=limit)
     if as_json:
@@ -643,9 +626,8 @@ def dead_letter_requeue(
 ) -> None:
     """Put a dead letter back, its count reset.
 
-    A message goes to the tail of its group (the group is made again if it has gone); a workflow
-    goes back in its scheduler queue, ready now, and replays from its records. Fix what made it
-    fail first: it is dead-lettered again after as many failures."""
+    Fix what made it fail first: it is dead-lettered again after as many failures.
+    """
     settings = ctx.obj.settings()
     wanted = _dead_letter_id(dead_letter_id)
     letter = dead_letter.requeue_dead_letter(settings, wanted)
