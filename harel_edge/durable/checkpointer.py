@@ -188,7 +188,7 @@ class LibsqlCheckpointer:
     # ---- reading ---------------------------------------------------------------------------
 
     async def load(self, workflow: str) -> dict[str, object]:
-        """Every record of the workflow, in the order they were written (a replica syncs first)."""
+        """Every record of the workflow, in the order they were written (read on the primary)."""
         refuse_nul(workflow, "workflow id")
         rows = await self.database.execute("durable.load", _LOAD, (workflow,))
         return {step: self.codec.decode(value) for step, value in rows}
