@@ -13,7 +13,7 @@ from typing import Any, Literal
 from harel_edge import schema
 from harel_edge.access import with_primary_writer, with_reader
 from harel_edge.errors import SchemaError
-from harel_edge.schema import DB_NOW, EdgeNames, dead_letters_table
+from harel_edge.schema import EdgeNames, dead_letters_table, now_table
 from harel_edge.settings import EdgeSettings
 
 Execute = Callable[..., list[tuple]]
@@ -117,7 +117,7 @@ def requeue(execute: Execute, prefix: str, dead_letter_id: int, *, now: float | 
     rows = execute(
         f"INSERT INTO {p}_dead_letter_requeue (id, at, found)"
         f" SELECT ?1, t.now, EXISTS(SELECT 1 FROM {dead_letters_table(prefix)} WHERE id = ?1)"
-        f" FROM (SELECT COALESCE(?2, {DB_NOW}) AS now) AS t RETURNING found",
+        f" FROM {now_table('?2')} RETURNING found",
         (dead_letter_id, now),
     )
     return found if rows and rows[0][0] else None

@@ -21,7 +21,7 @@ from pydantic_core import from_json
 
 from harel_edge import observability, retry, store_sql
 from harel_edge.executor import Executor, Result, StatementError, Stmt
-from harel_edge.schema import DB_NOW, PARKED, EdgeNames, dead_letters_table
+from harel_edge.schema import PARKED, EdgeNames, dead_letters_table, now_or, now_table
 from harel_edge.settings import EdgeSettings
 from harel_edge.transport import (
     BATCH_ROWS,
@@ -35,7 +35,6 @@ from harel_edge.transport import (
 
 log = structlog.get_logger("harel_edge.event_path")
 
-_NOW = f"COALESCE(?, {DB_NOW})"
 Clock = Callable[[], float]
 LeaseKey = tuple[int, str | None]
 MAX_ERROR_CHARS = 4000  # of a handling failure kept on its message and in its dead letter
@@ -283,7 +282,7 @@ class EventTransport:
         bury = (
             f"INSERT INTO {q.prefix}_transport_bury (seq, token, at, held)"
             f" SELECT ?, ?, t.now, EXISTS(SELECT 1 FROM {q.messages} WHERE seq = ? AND locked_by = ?)"
-            f" FROM (SELECT {_NOW} AS now) AS t RETURNING held"
+            f" FROM {now_table('?')} RETURNING held"
         )
 
         async def attempt() -> bool:
@@ -385,7 +384,7 @@ class EventTransport:
         fence, params = _fence(lease)
         q = self.path.queue
         if delay > 0:
-            lock, lock_args = f"locked_by = ?, lock_expiry = {_NOW} + ?", (PARKED, self.path.now(), delay)
+            lock, lock_args = f"locked_by = ?, lock_expiry = {now_or()} + ?", (PARKED, self.path.now(), delay)
         else:
             lock, lock_args = "locked_by = NULL, lock_expiry = NULL", ()
         # After a handling failure the delivery stays counted and its error is kept; any other

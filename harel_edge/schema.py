@@ -26,6 +26,16 @@ PARKED = "__parked__"  # harel's sentinel `locked_by` for a message parked by na
 DB_NOW = "(round((julianday('now') - 2440587.5) * 86400000.0) / 1000.0)"
 
 
+def now_or(param: str = "?") -> str:
+    """The injected time bound at `param`, or the database's own clock when it is NULL."""
+    return f"COALESCE({param}, {DB_NOW})"
+
+
+def now_table(param: str | None = None) -> str:
+    """`(SELECT ... AS now) AS t`: one "now" for the whole statement (see `now_or`)."""
+    return f"(SELECT {now_or(param) if param else DB_NOW} AS now) AS t"
+
+
 @dataclass(frozen=True)
 class EdgeNames:
     """The names of what harel_edge creates under `prefix`, on top of harel's own `Names`."""

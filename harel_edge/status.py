@@ -24,7 +24,7 @@ from harel_edge.errors import (
     NotADatabaseError,
     SchemaError,
 )
-from harel_edge.schema import DB_NOW, PARKED, EdgeNames
+from harel_edge.schema import DB_NOW, PARKED, EdgeNames, now_table
 from harel_edge.settings import EdgeSettings
 
 Execute = Callable[..., list[tuple]]
@@ -285,11 +285,11 @@ def queue_status(execute: Execute, prefix: str, top: int = 10) -> dict[str, Any]
         f"CASE WHEN m.locked_by IS NULL OR m.lock_expiry < t.now THEN 'queued'"
         f" WHEN m.locked_by = '{PARKED}' THEN 'parked' ELSE 'in_flight' END"
     )
-    now_table = f"(SELECT {DB_NOW} AS now) AS t"
+    clock = now_table()
     rows = execute(
         f"SELECT g.priority, g.routing_key, count(DISTINCT g.group_id), count(*),"
         f" sum(s = 'queued'), sum(s = 'in_flight'), sum(s = 'parked')"
-        f" FROM (SELECT m.group_id, {state} AS s FROM {n.messages} m, {now_table}) AS x"
+        f" FROM (SELECT m.group_id, {state} AS s FROM {n.messages} m, {clock}) AS x"
         f" JOIN {n.groups} g ON g.group_id = x.group_id"
         f" GROUP BY g.priority, g.routing_key ORDER BY g.priority DESC, g.routing_key"
     )
@@ -307,7 +307,7 @@ def queue_status(execute: Execute, prefix: str, top: int = 10) -> dict[str, Any]
     ]
     groups = execute(
         f"SELECT g.group_id, g.priority, g.routing_key, count(*),"
-        f" (SELECT {state} FROM {n.messages} m, {now_table} WHERE m.group_id = g.group_id ORDER BY m.seq LIMIT 1)"
+        f" (SELECT {state} FROM {n.messages} m, {clock} WHERE m.group_id = g.group_id ORDER BY m.seq LIMIT 1)"
         f" FROM {n.groups} g JOIN {n.messages} mm ON mm.group_id = g.group_id"
         f" GROUP BY g.group_id ORDER BY count(*) DESC, g.group_id LIMIT ?",
         (top,),
@@ -318,7 +318,7 @@ def queue_status(execute: Execute, prefix: str, top: int = 10) -> dict[str, Any]
     ]
     ((now, oldest_seq, oldest_group, stamped),) = execute(
         f"SELECT t.now, m.seq, m.group_id, (SELECT min({_created_epoch('event')}) FROM {n.messages})"
-        f" FROM {now_table} LEFT JOIN {n.messages} m ON m.seq = (SELECT min(seq) FROM {n.messages})"
+        f" FROM {clock} LEFT JOIN {n.messages} m ON m.seq = (SELECT min(seq) FROM {n.messages})"
     )
     totals = {
         k: sum(row[k] for row in by_key) for k in ("messages", "queued", "in_flight", "parked", "groups")
@@ -339,7 +339,7 @@ def queue_status(execute: Execute, prefix: str, top: int = 10) -> dict[str, Any]
 
 def workflow_status(execute: Execute) -> dict[str, Any]:
     """Durable workflows: ready, sleeping and claimed per namespace, finished overall."""
-    now_table = f"(SELECT {DB_NOW} AS now) AS t"
+    clock = now_table()
     live = "c.held_until > t.now AND c.alive_until > t.now"
     rows = execute(
         f"SELECT q.namespace,"
@@ -347,7 +347,7 @@ def workflow_status(execute: Execute) -> dict[str, Any]:
         f" sum(q.visible_at > t.now AND NOT EXISTS (SELECT 1 FROM workflow_claim c WHERE c.workflow = q.workflow AND {live})),"
         f" sum(EXISTS (SELECT 1 FROM workflow_claim c WHERE c.workflow = q.workflow AND {live})),"
         f" min(CASE WHEN q.visible_at > t.now THEN q.visible_at - t.now END)"
-        f" FROM workflow_queue q, {now_table} GROUP BY q.namespace ORDER BY q.namespace"
+        f" FROM workflow_queue q, {clock} GROUP BY q.namespace ORDER BY q.namespace"
     )
     namespaces = [
         {
@@ -360,7 +360,7 @@ def workflow_status(execute: Execute) -> dict[str, Any]:
         for ns, ready, sleeping, claimed, wake in rows
     ]
     ((claimed_total, finished),) = execute(
-        f"SELECT (SELECT count(*) FROM workflow_claim c, {now_table} WHERE {live}),"
+        f"SELECT (SELECT count(*) FROM workflow_claim c, {clock} WHERE {live}),"
         " (SELECT count(*) FROM workflow_checkpoint WHERE step = '$result')"
     )
     return {"namespaces": namespaces, "claimed": int(claimed_total), "finished": int(finished)}

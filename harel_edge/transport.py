@@ -46,7 +46,7 @@ from harel_edge import observability, retry, schema
 from harel_edge.connection import EdgeConnection
 from harel_edge.errors import SchemaError
 from harel_edge.ids import refuse_nul
-from harel_edge.schema import DB_NOW, PARKED, EdgeNames
+from harel_edge.schema import DB_NOW, PARKED, EdgeNames, now_or
 from harel_edge.settings import EdgeSettings, settings_for_database
 
 log = structlog.get_logger("harel_edge.transport")
@@ -58,7 +58,7 @@ MAX_PRIORITY = 4
 BATCH_ROWS = 2000
 
 # `now` is bound as a parameter: None means the database's clock.
-_NOW = f"COALESCE(?, {DB_NOW})"
+_NOW = now_or()
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def claim_sql(n: EdgeNames, routing_keys: int, *, many: bool = False, returning:
     on the group's head: only a head is ever leased or parked (a claim takes MIN(seq)).
     """
     keys = [f"?{5 + i}" for i in range(routing_keys)]
-    now, limit = f"COALESCE(?{5 + routing_keys}, {DB_NOW})", f"?{6 + routing_keys}" if many else "1"
+    now, limit = now_or(f"?{5 + routing_keys}"), f"?{6 + routing_keys}" if many else "1"
     # INDEXED BY: a walk must never become a scan in last-claim order, whatever the statistics.
     index = n.routing_index if keys else n.free_index
     head = f"JOIN {n.messages} m ON m.seq = (SELECT MIN(seq) FROM {n.messages} WHERE group_id = g.group_id)"

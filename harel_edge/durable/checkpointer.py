@@ -27,15 +27,14 @@ from harel_edge.durable.types import (
 )
 from harel_edge.executor import StatementError, Stmt
 from harel_edge.ids import refuse_nul
-from harel_edge.schema import DB_NOW
+from harel_edge.schema import now_table
 
 # Every statement gets the current time as one parameter: a number from an injected clock, or
 # NULL for the database's own. `t.now` is then one value for the whole statement.
-_NOW = "(SELECT COALESCE(?{n}, " + DB_NOW + ") AS now) AS t"
 
 
 def _now(n: int) -> str:
-    return _NOW.format(n=n)
+    return now_table(f"?{n}")
 
 
 _LOAD = "SELECT step, value FROM workflow_checkpoint WHERE workflow = ? ORDER BY seq"

@@ -15,9 +15,7 @@ from harel_edge.durable.database import Database, migrate
 from harel_edge.durable.types import LEASE, POLL, Delivery, to_seconds
 from harel_edge.executor import Stmt
 from harel_edge.ids import refuse_nul
-from harel_edge.schema import DB_NOW, QUEUE_BUMP
-
-_NOW = "(SELECT COALESCE(?{n}, " + DB_NOW + ") AS now) AS t"
+from harel_edge.schema import QUEUE_BUMP, now_or, now_table
 
 # The next generation of a row: see schema.QUEUE_BUMP.
 _BUMP = QUEUE_BUMP
@@ -25,7 +23,7 @@ _BUMP = QUEUE_BUMP
 # A wakeup bumps the generation even when it leaves the visibility as it was (already due, or
 # asked for later than a worker's lease ends), so the pass out with a worker never drops it.
 _MAKE_READY = f"""
-INSERT INTO workflow_queue (namespace, workflow, visible_at) VALUES (?1, ?2, COALESCE(?3, {DB_NOW}))
+INSERT INTO workflow_queue (namespace, workflow, visible_at) VALUES (?1, ?2, {now_or('?3')})
 ON CONFLICT (namespace, workflow) DO UPDATE SET
     visible_at = MIN(visible_at, excluded.visible_at), generation = {_BUMP}
 """
@@ -37,7 +35,7 @@ ON CONFLICT (namespace, workflow) DO UPDATE SET visible_at = excluded.visible_at
 
 _TAKE = f"""
 UPDATE workflow_queue SET visible_at = t.now + ?2, generation = {_BUMP}
-FROM {_NOW.format(n=3)}
+FROM {now_table('?3')}
 WHERE namespace = ?1 AND workflow = (
     SELECT workflow FROM workflow_queue WHERE namespace = ?1 AND visible_at <= t.now
     ORDER BY visible_at LIMIT 1)
@@ -45,7 +43,7 @@ RETURNING workflow, visible_at, generation
 """
 
 # How long until the earliest row becomes visible, by the same clock the take uses.
-_UNTIL_NEXT = f"SELECT MIN(visible_at) - t.now FROM workflow_queue, {_NOW.format(n=2)} WHERE namespace = ?1"
+_UNTIL_NEXT = f"SELECT MIN(visible_at) - t.now FROM workflow_queue, {now_table('?2')} WHERE namespace = ?1"
 
 # The receipt: the visibility and the generation the delivery was given, both still the row's.
 _HELD = "namespace = ?1 AND workflow = ?2 AND visible_at = ?3 AND generation = ?4"
@@ -55,7 +53,7 @@ _WAKE_AT = f"UPDATE workflow_queue SET visible_at = ?5, failures = 0, last_error
 
 _EXTEND = f"""
 UPDATE workflow_queue SET visible_at = t.now + ?5
-FROM {_NOW.format(n=6)}
+FROM {now_table('?6')}
 WHERE {_HELD}
 RETURNING visible_at
 """
@@ -186,7 +184,7 @@ class LibsqlScheduler:
         Returns (failed passes, dead-lettered), or None when the receipt is stale (the newer write decides).
         """
         prefix = self.database.settings.prefix
-        sql = _FAILED.format(view=f"{prefix}_workflow_failure", now=_NOW.format(n=7))
+        sql = _FAILED.format(view=f"{prefix}_workflow_failure", now=now_table("?7"))
         rows = await self.database.execute("durable.failed", sql, (*self._receipt(delivery), error, limit, self.clock_param())
         )
         return (int(rows[0][0]), bool(rows[0][1])) if rows else None
