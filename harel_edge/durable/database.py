@@ -50,9 +50,6 @@ class Database:
     def is_remote(self) -> bool:
         return self.connection is None
 
-    async def start(self) -> None:
-        """Kept for callers of earlier releases: there is nothing to start any more."""
-
     # ---- statements --------------------------------------------------------------------------
 
     async def execute(
@@ -132,7 +129,6 @@ class Database:
         work: Callable[..., T],
         *args: Any,
         resolve: Callable[..., T | None] | None = None,
-        any_connection: bool = False,  # noqa: ARG002 - kept for callers of earlier releases
     ) -> T:
         """`run(work, *args)` under the retry policy: a transient failure repairs the connection
         (a new stream, a rollback) and, if the attempt may have applied, asks `resolve(connection,
@@ -179,7 +175,6 @@ class StreamConnection:
     def __init__(self, settings: EdgeSettings, executor: Any, loop: asyncio.AbstractEventLoop) -> None:
         self.settings = settings
         self.profile = settings.profile
-        self.is_remote = True
         self._executor = executor
         self._loop = loop
         self._session = executor.session()
