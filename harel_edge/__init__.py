@@ -1,8 +1,5 @@
-"""harel_edge: harel's durable statecharts and workflows on libSQL/Turso, at the edge.
-
-Nothing here reads the environment at import: settings are read when `EdgeSettings.load()`
-(or a `from_settings()` builder) is called.
-"""
+"""harel_edge: harel's durable statecharts and workflows on libSQL/Turso, at the edge. Nothing
+reads the environment at import: settings are read by `EdgeSettings.load()` or `from_settings()`."""
 
 from harel_edge.aio_transport import AsyncLibsqlTransport
 from harel_edge.connection import EdgeConnection, connect

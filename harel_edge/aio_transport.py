@@ -1,9 +1,5 @@
-"""AsyncLibsqlTransport: harel's async transport, on the event path, on every profile.
-
-Every call is a unit of work of the profile's executor: on sqld and replica a Hrana request
-from this event loop (never blocking it; calls in flight go out together), on a local file a
-savepoint in a shared commit on the executor's thread. See docs/executor.md.
-"""
+"""AsyncLibsqlTransport: harel's async transport on the event path, on every profile: each call
+is a unit of work of the profile's executor (docs/executor.md)."""
 
 from __future__ import annotations
 
@@ -22,12 +18,9 @@ from harel_edge.transport import Clock, LibsqlTransport, check_schema
 
 
 class AsyncLibsqlTransport(EventTransport):
-    """The harel `AsyncTransport` on libSQL. Build it with `await AsyncLibsqlTransport.create(...)`
-    or `await AsyncLibsqlTransport.from_settings()`.
-
-    `AsyncLibsqlTransport(sync_transport)` takes an open sync transport's settings and clock
-    (on a local file, its connection too) and closes it when closed.
-    """
+    """harel's `AsyncTransport` on libSQL: `await AsyncLibsqlTransport.from_settings()` or
+    `.create(...)`; `AsyncLibsqlTransport(sync_transport)` takes over an open sync transport's
+    settings, clock and (locally) connection, and closes it when closed."""
 
     def __init__(self, sync_transport: LibsqlTransport) -> None:
         settings = sync_transport.settings

@@ -1,8 +1,5 @@
-"""The one rule every id harel_edge stores must follow: no NUL character.
-
-The libsql driver stores a string with a NUL whole but reads it back cut at the NUL, so such an
-id would come back as a different id. Refusing it where it enters is the only safe answer.
-"""
+"""The one rule every id harel_edge stores must follow: no NUL character (the libsql driver
+stores such a string whole but reads it back cut at the NUL, as a different id)."""
 
 from __future__ import annotations
 

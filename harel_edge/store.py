@@ -24,12 +24,9 @@ def store_tables(prefix: str) -> list[str]:
 
 
 class EdgeStore:
-    """harel's `ExecutionStore`: each call runs the event path's `EventStore` on a loop thread of
-    this store's, so sync and async callers share one SQL, one retry policy, one executor.
-
-    `connection` (a local file's, owned by the caller) is where a local store writes; without
-    it the store opens what the settings' profile calls for.
-    """
+    """harel's `ExecutionStore` for sync callers: each call runs the event path's `EventStore` on
+    a loop thread of this store's (one SQL and retry policy for sync and async). `connection`:
+    a local file's connection the caller owns; without it, what the profile calls for."""
 
     def __init__(
         self,

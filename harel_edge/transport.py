@@ -1,32 +1,6 @@
-"""LibsqlTransport: harel's durable per-group queue on a local file, a sqld server or a replica.
-
-A drop-in for harel 0.9's `LibsqlTransport` (same tables, same constructor shape, same
-behaviour: FIFO per group, one message of a group in flight, leases, round-robin between
-groups, a priority floor), plus routing keys, batch publish, and correctness on a remote
-primary.
-
-Why every operation is ONE statement. The spec's claim is a select-then-lease inside
-`BEGIN IMMEDIATE`: four round trips holding the primary's write lock when the data is remote.
-Through embedded replicas that deadlocks until sqld's 5 s transaction timeout and leaves
-ambiguous commits (docs/transport.md). So the claim is the same selection inside a single
-`UPDATE ... WHERE seq = (SELECT ...) RETURNING`: SQLite takes the write lock when the
-statement starts, so the selection and the lease are as atomic as under BEGIN IMMEDIATE, and
-it is one round trip to the primary. The group's round-robin stamp, the group row of a
-publish and the drop of a drained group are done by triggers (see `schema.py`), so publish,
-claim, ack and nack are each one statement on every profile.
-
-Whose clock. A lease is compared by every worker of the deployment, on machines whose clocks
-differ. Unless a clock is injected (tests), "now" is the database's clock,
-evaluated inside the statement (`schema.DB_NOW`): on sqld and replica that is the
-primary's, the one clock every claim is decided by. A skewed edge machine cannot then steal a
-live lease or hold one past its deadline.
-
-Ambiguous writes. Each claim carries a fresh token in `locked_by` (`worker#token`). When a
-claim fails with a transient error, the primary may have applied it: before trying again the
-transport looks the token up on the primary and, if found, returns that lease instead of
-claiming a second message. Ack and nack are fenced by the same token and are idempotent, and
-a publish is idempotent on its event id within `publish_window`: sent again, it queues nothing.
-"""
+"""LibsqlTransport: harel's per-group queue on a local file, a sqld server or a replica, every
+operation one statement decided by the database's clock, ambiguous writes looked up by token.
+See docs/transport.md for the design and why each operation is one statement."""
 
 from __future__ import annotations
 
@@ -72,17 +46,9 @@ class Message:
 
 
 def claim_sql(n: EdgeNames, routing_keys: int, *, many: bool = False, returning: str = "") -> str:
-    """The claim: the spec's selection (among groups with nothing in flight, priority floor and
-    keys, the one whose last claim is oldest, ties by arrival) and its lease, in one statement;
-    `many` leases the heads of up to `?` groups. Parameters: token, now, visibility,
-    min_priority, *routing_keys, now[, n].
-
-    Its cost does not grow with the groups waiting, whatever it filters on: one LIMITed index
-    walk in round-robin order per (priority >= floor, key) over the free groups
-    (`claimable_at IS NULL`), and one over the groups whose lease or park has ended (and any
-    priority above 4), then the round-robin order over those few. "Nothing in flight" is tested
-    on the group's head: only a head is ever leased or parked (a claim takes MIN(seq)).
-    """
+    """The claim in one statement: the spec's selection and its lease (`many`: up to `?` groups'
+    heads). Parameters: token, now, visibility, min_priority, *routing_keys, now[, n]. Its cost
+    is flat in the groups waiting (docs/transport.md, "The claim's cost")."""
     keys = [f"?{5 + i}" for i in range(routing_keys)]
     now, limit = now_or(f"?{5 + routing_keys}"), f"?{6 + routing_keys}" if many else "1"
     # INDEXED BY: a walk must never become a scan in last-claim order, whatever the statistics.
@@ -123,10 +89,9 @@ def claim_sql(n: EdgeNames, routing_keys: int, *, many: bool = False, returning:
 def publish_statement(
     n: EdgeNames, chunk: list[tuple], now: float | None, keep_for: float, batch: str
 ) -> tuple[str, tuple]:
-    """One multi-row INSERT into the publish view for `chunk` (rows from `_row`). The view's
-    trigger skips an event id the group had within `keep_for` seconds, and records the others
-    with `batch`, the publish call's token. Plain `?`s: with numbered ones (`?12`) the driver
-    took 114 ms instead of 20 for 2,000 rows."""
+    """One multi-row INSERT into the publish view for `chunk` (rows from `message_row`); its
+    trigger skips an event id the group had within `keep_for` seconds. Plain `?`s: numbered
+    ones (`?12`) cost the driver 114 ms instead of 20 for 2,000 rows."""
     values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
     sql = (
         f"INSERT INTO {n.publish_once_view} (group_id, event, priority, routing_key, event_id, now, keep_for, batch)"
@@ -217,10 +182,9 @@ class LibsqlTransport:
         self.publish_many([Message(group_id, event, priority, routing_key)])
 
     def publish_many(self, messages: Iterable[Message | tuple]) -> int:
-        """Publish many events, in order, all or none: up to `BATCH_ROWS` they are one statement
-        (one round trip); a larger batch is one transaction of such statements. Every message is
-        checked before anything is sent. An event its group was already sent within
-        `settings.publish_window` is not queued again. Returns the count."""
+        """Publish many events, in order, all or none (one statement up to `BATCH_ROWS`, else one
+        transaction), each checked before anything is sent; an event its group had within the
+        publish window is not queued again. Returns the count."""
         rows = [message_row(item) for item in messages]
         if not rows:
             return 0
@@ -334,13 +298,8 @@ class LibsqlTransport:
         return "seq = ?", (lease.seq,)
 
     def _settled(self, lease: Lease, *, done_if_gone: bool) -> bool | None:
-        """After an ambiguous ack or nack, what the message's row says happened.
-
-        None: it still carries this lease's token, so the write did not land: try again.
-        Gone: an ack landed (ours, or the next holder's after ours lapsed), a nack did not.
-        Another token: the lease lapsed and another worker holds the message, so an ack did
-        not land; a nack landed and the message was claimed again since.
-        """
+        """After an ambiguous ack or nack: None if the row still carries this lease's token (try
+        again), else whether the write landed (docs/transport.md, "Ambiguous writes")."""
         rows = self._conn.execute(f"SELECT locked_by FROM {self._n.messages} WHERE seq = ?", (lease.seq,))
         if not rows:
             return done_if_gone
