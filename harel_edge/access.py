@@ -10,8 +10,7 @@ from typing import Any
 
 from harel_edge.connection import EdgeConnection, explain_connect_error
 from harel_edge.errors import AuthError
-from harel_edge.settings import EdgeSettings
-from harel_edge.status import (
+from harel_edge.inspection import (
     Execute,
     check_can_write,
     check_usable,
@@ -21,6 +20,7 @@ from harel_edge.status import (
     raise_missing,
     write_access,
 )
+from harel_edge.settings import EdgeSettings
 
 READ_ONLY_FILE_FIX = (
     "workers, publish and migrate write the database and create its -wal and -shm beside it: make "

@@ -36,9 +36,10 @@ from harel_edge.errors import (
     NotADatabaseError,
     PrimaryUnavailableError,
     SchemaError,
+    tidy,
 )
 from harel_edge.settings import EdgeSettings
-from harel_edge.status import collect_status, tidy
+from harel_edge.status import collect_status
 
 HELP_WIDTH = 100
 CONTEXT = {

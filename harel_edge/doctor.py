@@ -6,26 +6,95 @@ Each finding says what to do; the checks only read (write access is a write that
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
 
+from harel_edge import schema
 from harel_edge.access import READ_ONLY_FILE_FIX, probe
-from harel_edge.errors import AuthError, DamagedDatabaseError, HarelEdgeError, PrimaryUnavailableError
-from harel_edge.settings import EdgeSettings
-from harel_edge.status import (
-    Check,
+from harel_edge.errors import AuthError, DamagedDatabaseError, HarelEdgeError, PrimaryUnavailableError, tidy
+from harel_edge.inspection import (
+    DatabaseFacts,
+    Execute,
     check_usable,
-    clock_skew,
     database_facts,
     inspect_file,
     last_sync_of_replica_file,
-    schema_check,
-    settings_summary,
-    skew_check,
-    tidy,
     write_access,
     write_problem,
 )
+from harel_edge.schema import DB_NOW
+from harel_edge.settings import EdgeSettings
+from harel_edge.status import settings_summary
+
+Level = Literal["ok", "warn", "fail"]
+
+
+@dataclass
+class Check:
+    """One of doctor's findings: what was checked, what was found, and what to do about it."""
+
+    name: str
+    level: Level
+    detail: str
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+# Beyond these a skew is worth a warning / a failure. Leases are decided by the primary's clock,
+# but harel's worker fires statechart timers and a workflow measures its sleeps by this one.
+SKEW_WARN = 0.5
+SKEW_FAIL = 5.0
+
+
+def clock_skew(execute: Execute) -> tuple[float, float]:
+    """(primary's clock minus this machine's, the round trip), both in seconds.
+
+    This machine's time is the round trip's midpoint, so the error is at most half the round trip.
+    """
+    before = time.time()
+    ((primary,),) = execute(f"SELECT {DB_NOW}")
+    after = time.time()
+    return float(primary) - (before + after) / 2, after - before
+
+
+def skew_check(skew: float, rtt: float) -> Check:
+    detail = f"the primary's clock is {skew:+.3f} s from this machine's (round trip {rtt * 1000:.1f} ms)"
+    fix = (
+        "synchronize this machine's clock (chrony, systemd-timesyncd or ntpd) with the primary's time source"
+    )
+    if abs(skew) > SKEW_FAIL:
+        return Check("clock skew", "fail", detail, fix)
+    if abs(skew) > SKEW_WARN:
+        return Check("clock skew", "warn", detail, fix)
+    return Check("clock skew", "ok", detail)
+
+
+def schema_check(facts: DatabaseFacts, prefix: str) -> Check:
+    found, wanted = facts.user_version, schema.SCHEMA_VERSION
+    if found > wanted:
+        return Check(
+            "schema version",
+            "fail",
+            f"version {found}, newer than this harel_edge's {wanted}",
+            "upgrade harel_edge on this machine; never point an older version at a newer database",
+        )
+    if not facts.has_schema(prefix):
+        return Check(
+            "schema version",
+            "warn",
+            f"no harel_edge tables with prefix {prefix!r} yet",
+            "run `harel-edge migrate` (or start a worker, which migrates at start)",
+        )
+    if found < wanted:
+        return Check(
+            "schema version",
+            "warn",
+            f"version {found}, this harel_edge uses {wanted}",
+            "run `harel-edge migrate` (idempotent, safe while workers run)",
+        )
+    return Check("schema version", "ok", f"version {found}")
 
 
 @dataclass

@@ -51,3 +51,12 @@ class PrimaryUnavailableError(HarelEdgeError):
 
 class AuthError(HarelEdgeError):
     """The primary refused the token: missing, invalid, expired, or read-only for a write."""
+
+
+def tidy(text: str) -> str:
+    """A driver message without the gRPC metadata dump a replica's errors carry."""
+    for marker in (", details: [", " details: [", ", metadata: MetadataMap"):
+        cut = text.find(marker)
+        if cut != -1:
+            text = text[:cut] + "`"
+    return text

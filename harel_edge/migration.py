@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from harel_edge import retry, schema
 from harel_edge.access import open_for_writing
 from harel_edge.connection import EdgeConnection
+from harel_edge.inspection import check_usable, database_facts
 from harel_edge.settings import EdgeSettings
-from harel_edge.status import check_usable, database_facts, settings_summary
+from harel_edge.status import settings_summary
 from harel_edge.store import store_tables
 
 

@@ -1,273 +1,29 @@
-"""What `harel-edge status` and `doctor` look at: plain functions over one `execute(sql, params)`.
-
-Inspection never writes; local files are read through sqlite3 read-only (docs/operations.md).
-"""
+"""What `harel-edge status` reports: the queue, the workflows, the dead letters and the replica,
+read through one `execute(sql, params)` and never written."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import sqlite3
-import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from harel_edge import schema
+from harel_edge.access import open_for_reading
 from harel_edge.errors import (
-    DamagedDatabaseError,
-    DatabaseAccessError,
-    ForeignDatabaseError,
-    NotADatabaseError,
     SchemaError,
 )
-from harel_edge.schema import DB_NOW, PARKED, EdgeNames, now_table
+from harel_edge.inspection import (
+    Execute,
+    check_usable,
+    database_facts,
+    inspect_file,
+    last_sync_of_replica_file,
+    open_read_only,
+    runner,
+)
+from harel_edge.schema import PARKED, EdgeNames, now_table
 from harel_edge.settings import EdgeSettings
-
-Execute = Callable[..., list[tuple]]
-SQLITE_HEADER = b"SQLite format 3\x00"
-# Tables harel_edge or harel may own in a database harel_edge works on (besides `<prefix>_*`).
-OWN_TABLE_PREFIXES = ("workflow_", "sqlite_", "libsql_", "_litestream")
-
-
-# ---- the database file ---------------------------------------------------------------------
-
-
-@dataclass
-class DatabaseFacts:
-    """What a database holds, as far as deciding whether harel_edge may use it."""
-
-    exists: bool
-    user_version: int = 0
-    tables: list[str] = field(default_factory=list)
-
-    def ours(self, prefix: str) -> list[str]:
-        return [t for t in self.tables if t.startswith(f"{prefix}_") or t.startswith(OWN_TABLE_PREFIXES)]
-
-    def foreign(self, prefix: str) -> list[str]:
-        return [t for t in self.tables if t not in self.ours(prefix)]
-
-    def has_schema(self, prefix: str) -> bool:
-        return EdgeNames(prefix).messages in self.tables
-
-
-def database_facts(execute: Execute) -> DatabaseFacts:
-    """The schema version and the tables, with reads only.
-
-    `pragma_user_version`, because sqld takes every PRAGMA statement for a write (docs/operations.md).
-    """
-    version = schema.read_version(execute)
-    tables = [row[0] for row in execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
-    return DatabaseFacts(True, version, tables)
-
-
-def check_usable(facts: DatabaseFacts, prefix: str, where: str, *, adopt: bool = False) -> None:
-    """Refuse a database harel_edge must not touch: written by a newer version, or another
-    application's (its tables and none of ours) unless `adopt` says to share it on purpose."""
-    schema.refuse_newer(facts.user_version, str(where))
-    foreign = facts.foreign(prefix)
-    if foreign and not facts.ours(prefix) and not adopt:
-        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-        raise ForeignDatabaseError(
-            f"{where} holds another application's tables ({shown}) and no harel_edge tables: point "
-            "HAREL_EDGE_DB_PATH / HAREL_EDGE_URL at a harel_edge database or an empty one, or run "
-            "`harel-edge migrate --adopt` to add harel_edge's tables beside them on purpose; nothing was changed"
-        )
-
-
-DAMAGED_FIX = (
-    "Restore it from a backup, or for a replica move the file (and its -wal, -shm, "
-    "-client_wal_index files) aside and let it re-sync; the file was left untouched"
-)
-# A look at a file that changed meanwhile (a checkpoint by a worker) is repeated, this often.
-INSPECT_ATTEMPTS = 3
-
-
-def inspect_file(path: str) -> DatabaseFacts:
-    """Look at a local database file without changing it; a missing or empty file is simply new.
-
-    Raises `NotADatabaseError`, `DamagedDatabaseError` (`quick_check`) or `DatabaseAccessError`.
-    """
-    p = Path(path).expanduser()
-    if path == ":memory:" or not p.exists():
-        return DatabaseFacts(False)
-    if p.is_dir():
-        raise NotADatabaseError(f"{p} is a directory: set HAREL_EDGE_DB_PATH to a file inside it")
-    if not os.access(p, os.R_OK):
-        raise DatabaseAccessError(
-            f"{p} cannot be read by this user (uid {os.geteuid()}): run the command as the user the "
-            "workers run as, or give this one read access (chmod/chown); nothing was changed"
-        )
-    with p.open("rb") as f:
-        header = f.read(len(SQLITE_HEADER))
-    if not header:
-        return DatabaseFacts(False)
-    if header != SQLITE_HEADER:
-        raise NotADatabaseError(
-            f"{p} is not a SQLite/libSQL database (it does not start with SQLite's header): point "
-            "HAREL_EDGE_DB_PATH at a harel_edge database or a new file; the file was left untouched"
-        )
-    for _ in range(INSPECT_ATTEMPTS):
-        stamp = _stamp(p)
-        facts: DatabaseFacts | None = None
-        failure: sqlite3.DatabaseError | None = None
-        try:
-            connection = open_read_only(str(p))
-            try:
-                execute = _runner(connection)
-                problems = integrity(execute)
-                if problems == "ok":
-                    facts = database_facts(execute)
-            finally:
-                connection.close()
-        except sqlite3.DatabaseError as exc:
-            failure = exc
-        if _stamp(p) == stamp:
-            break  # nothing wrote to the file while it was read: what was read holds
-    if failure is not None:
-        raise NotADatabaseError(f"{p} is damaged: SQLite cannot read it ({failure}). {DAMAGED_FIX}") from None
-    if facts is None:
-        raise DamagedDatabaseError(f"{p} is damaged: {problems}. {DAMAGED_FIX}", problems)
-    return facts
-
-
-def _runner(connection: sqlite3.Connection) -> Execute:
-    return lambda sql, params=(): connection.execute(sql, params).fetchall()
-
-
-def _stamp(p: Path) -> tuple:
-    """What changes when anything writes to the database: the file's and its -wal's identity,
-    size and modification time."""
-    stamps = []
-    for file in (p, Path(f"{p}-wal")):
-        try:
-            st = file.stat()
-            stamps.append((st.st_ino, st.st_size, st.st_mtime_ns))
-        except OSError:
-            stamps.append(None)
-    return tuple(stamps)
-
-
-def integrity(execute: Execute) -> str:
-    """SQLite's `PRAGMA quick_check`: 'ok', or the first problems on one line."""
-    lines = [line for (row,) in execute("PRAGMA quick_check(5)") for line in str(row).splitlines()]
-    return "; ".join(line for line in lines if line.strip() and not line.startswith("*** in database"))
-
-
-class _SnapshotConnection(sqlite3.Connection):
-    """A read-only connection to a private copy of a database, removed when it is closed."""
-
-    snapshot_dir: str | None = None
-
-    def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            if self.snapshot_dir is not None:
-                shutil.rmtree(self.snapshot_dir, ignore_errors=True)
-                self.snapshot_dir = None
-
-
-def open_read_only(path: str) -> sqlite3.Connection:
-    """The standard library's sqlite3 on `path`, read-only: it changes nothing and creates nothing beside it.
-
-    How each state of the `-wal`/`-shm` files is read: docs/operations.md ("The local file").
-    """
-    p = Path(path).expanduser().resolve()
-    uri = p.as_uri() + "?mode=ro"
-    if not Path(f"{p}-wal").exists():
-        return sqlite3.connect(uri + "&immutable=1", uri=True, timeout=5.0)
-    if Path(f"{p}-shm").exists():
-        return sqlite3.connect(uri, uri=True, timeout=5.0)
-    directory = tempfile.mkdtemp(prefix="harel-edge-read-")
-    try:
-        copy = Path(directory) / p.name
-        shutil.copyfile(p, copy)
-        shutil.copyfile(f"{p}-wal", f"{copy}-wal")
-        connection = sqlite3.connect(
-            copy.as_uri() + "?mode=ro", uri=True, timeout=5.0, factory=_SnapshotConnection
-        )
-    except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
-        raise
-    connection.snapshot_dir = directory
-    return connection
-
-
-def quick_check(path: str) -> str:
-    """SQLite's `PRAGMA quick_check` on a local file, read-only: 'ok' or the first problems."""
-    connection = open_read_only(path)
-    try:
-        return integrity(_runner(connection))
-    finally:
-        connection.close()
-
-
-# ---- may this user write it -------------------------------------------------------------------
-
-READ_ONLY_FIX = (
-    "make it writable for the user the workers run as (chmod u+w, or chown it to that user), or set "
-    "HAREL_EDGE_DB_PATH to a file in a directory that user may write; status and doctor can still "
-    "read it"
-)
-
-
-def write_problem(path: str) -> str | None:
-    """Why this user could not write the database at `path` (file or directory), or None when it could.
-
-    Decided with `os.access`, which answers for the user the command runs as, root included.
-    """
-    if path == ":memory:":
-        return None
-    p = Path(path).expanduser().absolute()
-    who = f"this user (uid {os.geteuid()})"
-    if p.exists():
-        for file in (p, Path(f"{p}-wal"), Path(f"{p}-shm")):
-            if file.exists() and not os.access(file, os.R_OK | os.W_OK):
-                return f"{file} is read-only for {who}{_read_only_mount(file)}"
-        if not os.access(p.parent, os.W_OK | os.X_OK):
-            return (
-                f"{p.parent} is not writable for {who}{_read_only_mount(p.parent)}, and SQLite creates "
-                f"{p.name}-wal and {p.name}-shm beside the database there"
-            )
-        return None
-    ancestor = p.parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        return f"cannot create {p}: {ancestor} is not a directory"
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        return f"cannot create {p}: {ancestor} is not writable for {who}{_read_only_mount(ancestor)}"
-    return None
-
-
-def _read_only_mount(path: Path) -> str:
-    try:
-        return " (its filesystem is mounted read-only)" if os.statvfs(path).f_flag & os.ST_RDONLY else ""
-    except OSError:
-        return ""
-
-
-def check_can_write(path: str) -> None:
-    """Refuse, before anything is created, a database this user could not write."""
-    problem = write_problem(path)
-    if problem is not None:
-        raise DatabaseAccessError(f"{problem}: {READ_ONLY_FIX}; nothing was changed")
-
-
-def last_sync_of_replica_file(path: str) -> float | None:
-    """When this machine's embedded replica file last synced, as unix time (None: never here): the mtime
-    of `<file>-client_wal_index`, which libsql 0.1.8 rewrites on every successful sync.
-    """
-    index = Path(f"{Path(path).expanduser()}-client_wal_index")
-    try:
-        return index.stat().st_mtime
-    except OSError:
-        return None
-
 
 # ---- the queue ---------------------------------------------------------------------------------
 
@@ -375,9 +131,6 @@ def dead_letter_status(execute: Execute, prefix: str) -> dict[str, Any]:
     return {"messages": int(messages or 0), "workflows": int(workflows or 0), "oldest_at": oldest}
 
 
-# ---- what `status` shows ------------------------------------------------------------------------
-
-
 @dataclass
 class ReplicaStatus:
     """A replica's file: when it last synced here, and what it sees locally against the primary."""
@@ -432,7 +185,6 @@ class StatusReport:
 def collect_status(settings: EdgeSettings, top: int = 10) -> StatusReport:
     """The queue, workflows, dead letters and a replica's lag, with reads only (a read-only
     token is enough); raises SchemaError when there are no harel_edge tables to report on."""
-    from harel_edge.access import open_for_reading  # noqa: PLC0415 - access builds on this module
 
     replica: ReplicaStatus | None = None
     if settings.profile == "replica":
@@ -446,7 +198,7 @@ def collect_status(settings: EdgeSettings, top: int = 10) -> StatusReport:
         if local.exists and local.has_schema(settings.prefix):
             connection = open_read_only(settings.db_path)
             try:
-                local_queue = queue_status(_runner(connection), settings.prefix, top=0)
+                local_queue = queue_status(runner(connection), settings.prefix, top=0)
                 replica.messages_seen_locally = local_queue["totals"]["messages"]
             finally:
                 connection.close()
@@ -477,112 +229,6 @@ def collect_status(settings: EdgeSettings, top: int = 10) -> StatusReport:
     return report
 
 
-# ---- doctor's checks ---------------------------------------------------------------------------
-
-Level = Literal["ok", "warn", "fail"]
-
-
-@dataclass
-class Check:
-    """One of doctor's findings: what was checked, what was found, and what to do about it."""
-
-    name: str
-    level: Level
-    detail: str
-    fix: str = ""
-
-    def as_dict(self) -> dict[str, str]:
-        return asdict(self)
-
-
-# Beyond these a skew is worth a warning / a failure. Leases are decided by the primary's clock,
-# but harel's worker fires statechart timers and a workflow measures its sleeps by this one.
-SKEW_WARN = 0.5
-SKEW_FAIL = 5.0
-
-
-def clock_skew(execute: Execute) -> tuple[float, float]:
-    """(primary's clock minus this machine's, the round trip), both in seconds.
-
-    This machine's time is the round trip's midpoint, so the error is at most half the round trip.
-    """
-    before = time.time()
-    ((primary,),) = execute(f"SELECT {DB_NOW}")
-    after = time.time()
-    return float(primary) - (before + after) / 2, after - before
-
-
-def skew_check(skew: float, rtt: float) -> Check:
-    detail = f"the primary's clock is {skew:+.3f} s from this machine's (round trip {rtt * 1000:.1f} ms)"
-    fix = (
-        "synchronize this machine's clock (chrony, systemd-timesyncd or ntpd) with the primary's time source"
-    )
-    if abs(skew) > SKEW_FAIL:
-        return Check("clock skew", "fail", detail, fix)
-    if abs(skew) > SKEW_WARN:
-        return Check("clock skew", "warn", detail, fix)
-    return Check("clock skew", "ok", detail)
-
-
-def schema_check(facts: DatabaseFacts, prefix: str) -> Check:
-    found, wanted = facts.user_version, schema.SCHEMA_VERSION
-    if found > wanted:
-        return Check(
-            "schema version",
-            "fail",
-            f"version {found}, newer than this harel_edge's {wanted}",
-            "upgrade harel_edge on this machine; never point an older version at a newer database",
-        )
-    if not facts.has_schema(prefix):
-        return Check(
-            "schema version",
-            "warn",
-            f"no harel_edge tables with prefix {prefix!r} yet",
-            "run `harel-edge migrate` (or start a worker, which migrates at start)",
-        )
-    if found < wanted:
-        return Check(
-            "schema version",
-            "warn",
-            f"version {found}, this harel_edge uses {wanted}",
-            "run `harel-edge migrate` (idempotent, safe while workers run)",
-        )
-    return Check("schema version", "ok", f"version {found}")
-
-
 def settings_summary(settings: EdgeSettings) -> str:
     where = settings.server or settings.db_path
     return f"profile {settings.profile} at {where}"
-
-
-def write_access(execute: Execute, facts: DatabaseFacts, prefix: str) -> bool | None:
-    """Whether the credentials may write, found with a write that changes nothing; None when no table to aim at.
-
-    Raises what is not an authorization failure; after a refusal a remote caller must reopen (docs/operations.md).
-    """
-    if not facts.has_schema(prefix):
-        return None
-    try:
-        execute(f"DELETE FROM {EdgeNames(prefix).messages} WHERE 0")
-    except ValueError as exc:
-        text = str(exc).lower()
-        if "403" in text or "forbidden" in text or "permissiondenied" in text.replace(" ", ""):
-            return False
-        raise
-    return True
-
-
-def tidy(text: str) -> str:
-    """A driver message without the gRPC metadata dump a replica's errors carry."""
-    for marker in (", details: [", " details: [", ", metadata: MetadataMap"):
-        cut = text.find(marker)
-        if cut != -1:
-            text = text[:cut] + "`"
-    return text
-
-
-def raise_missing(path: str) -> None:
-    raise SchemaError(
-        f"no database at {path}: start a worker or run `harel-edge migrate` to create it "
-        "(or set HAREL_EDGE_DB_PATH to the file the workers use)"
-    )
