@@ -244,7 +244,7 @@ async def run_worker(
                 )
             )
         sampler = asyncio.create_task(
-            _sample(replica, executor, settings, options.sample_every, stop), name="sampler"
+            sample_metrics(replica, executor, settings, options.sample_every, stop), name="sampler"
         )
         log.info(
             "worker started",
@@ -335,7 +335,7 @@ async def _durable_loop(loop: DurableWorker, stop: asyncio.Event, poll: float) -
                 await asyncio.wait_for(stop.wait(), min(0.05 * 2**failures, 5.0))
 
 
-async def _sample(
+async def sample_metrics(
     replica: EdgeConnection | None, executor: Any, settings: EdgeSettings, every: float, stop: asyncio.Event
 ) -> None:
     """Every `every` seconds: the queue's depth for the metrics (read on the primary through the
