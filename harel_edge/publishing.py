@@ -113,9 +113,9 @@ def publish(settings: EdgeSettings, request: PublishRequest) -> Published:
 def create_execution(connection: EdgeConnection, execution_id: str, machine: str, priority: int) -> None:
     """A PENDING execution for the worker to start when it claims the Start (harel's own
     `create(start_on_create=False)`); an existing one is left as it is."""
-    store = EdgeStore(connection=connection)
-    if store.load(execution_id) is None:
-        store.save(Execution(id=execution_id, definition_id=machine, priority=priority))
+    with EdgeStore(connection=connection) as store:
+        if store.load(execution_id) is None:
+            store.save(Execution(id=execution_id, definition_id=machine, priority=priority))
 
 
 def _has_groups_table(connection: EdgeConnection, prefix: str) -> bool:

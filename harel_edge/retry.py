@@ -85,6 +85,7 @@ TRANSIENT_MARKERS = (
     "status=504",
     "unexpected eof",
     "channel closed",
+    "sqlite_interrupt",  # sqld interrupted the statement (a stream dropped, the server stopping): rolled back
 )
 
 # After these only a new connection works; "invalid state" is left out on purpose

@@ -3,6 +3,7 @@ code: the CLI's publish, the demo's seeding, a user's script. See docs/transport
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from harel.engine.execution import Execution
@@ -12,7 +13,7 @@ from harel_edge import schema
 from harel_edge.connection import EdgeConnection
 from harel_edge.errors import SchemaError
 from harel_edge.event_path import EventPath, EventStore
-from harel_edge.executor import open_executor
+from harel_edge.executor import ExecutorClosedError, open_executor
 from harel_edge.executor.local import LocalExecutor
 from harel_edge.loop_thread import LoopThread
 from harel_edge.settings import EdgeSettings
@@ -41,11 +42,11 @@ class EdgeStore:
         if connection is None and self.settings.profile == "local":
             self._connection = EdgeConnection(self.settings)
         self._loop = LoopThread("harel-edge-store")
+        self._finalizer = weakref.finalize(self, self._loop.stop)  # a store dropped unclosed
         try:
             self._store = self._loop.call(self._open())
             if create_schema:
-                for statement in store_tables(self.settings.prefix):
-                    self._execute(statement)
+                self._loop.call(self._store.path.run("store.schema", self._create_tables))
             elif not schema.table_exists(self._execute, Names(self.settings.prefix).executions):
                 raise SchemaError(
                     f"{Names(self.settings.prefix).executions} does not exist and create_schema=False: run "
@@ -61,6 +62,16 @@ class EdgeStore:
         else:
             executor = open_executor(self.settings)
         return EventStore(EventPath(executor, self.settings))
+
+    async def _create_tables(self) -> None:
+        for statement in store_tables(self.settings.prefix):
+            await self._store.path.execute(statement)
+
+    def __enter__(self) -> EdgeStore:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
     def _execute(self, sql: str, params: tuple = ()) -> list[tuple]:
         return self._loop.call(self._store.path.execute(sql, *params)).rows
@@ -137,10 +148,17 @@ class EdgeStore:
 
     def close(self) -> None:
         store = getattr(self, "_store", None)
-        if store is not None:
+        if store is not None and not isinstance(store, _Closed):
             self._loop.call(store.path.executor.aclose())
-            self._store = None
-        self._loop.stop()
+            self._store = _Closed()
+        self._finalizer()
         if self._owns_connection and self._connection is not None:
             self._connection.close()
             self._connection = None
+
+
+class _Closed:
+    """What a closed EdgeStore calls through: every call says so, clearly."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise ExecutorClosedError("this EdgeStore was closed: open a new one to go on")

@@ -197,7 +197,13 @@ async def run_worker(
         await database.run(lambda c: prepare(c, migrate=options.migrate, adopt=options.adopt))
         if settings.profile == "replica":
             # The embedded file serves this machine's local reads (status); it is synced by the sampler.
-            replica = await asyncio.to_thread(EdgeConnection, settings)
+            try:
+                replica = await asyncio.to_thread(EdgeConnection, settings)
+            except Exception as exc:  # noqa: BLE001 - only this machine's local reads depend on it
+                log.warning(
+                    "embedded replica not opened: this machine's local reads (status) stay as they are",
+                    error=f"{type(exc).__name__}: {str(exc)[:300]}",
+                )
         executor = database.executor
         path = EventPath(executor, settings)
         transport = EventTransport(

@@ -298,6 +298,8 @@ class LibsqlCheckpointer:
                 stored = await recorded()
                 if stored is not None:
                     return self.codec.decode(stored)
+            if not 3 <= exc.step < len(stmts) - 2:  # BEGIN, the fence, the record or COMMIT itself
+                raise
             raise StatementError(
                 f"statement {exc.step - 3} of the effect of step {key!r} failed, so nothing of the step "
                 f"was applied: {exc}",

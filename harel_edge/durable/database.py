@@ -28,14 +28,15 @@ class Database:
     """
 
     def __init__(self, connection: EdgeConnection | None = None, *, settings: EdgeSettings | None = None) -> None:
-        if connection is not None and connection.is_remote:
-            settings, connection = connection.settings, _closed_now(connection)
+        if connection is not None and connection.is_remote:  # the caller's; the executor speaks for it
+            settings, connection = connection.settings, None
         if connection is None and settings is None:
             raise ValueError("Database needs a local connection or the settings of a remote primary")
         self.connection = connection
         self.settings: EdgeSettings = connection.settings if connection is not None else settings  # type: ignore[union-attr]
         self.guard = asyncio.Lock()  # one caller inside the local connection
         self._working: set[asyncio.Future] = set()  # remote work still running, for aclose
+        self._closing: asyncio.Future | None = None
         self.closed = False
         self.executor: Executor = open_executor(self.settings, local_runner=self if connection is not None else None)
 
@@ -120,6 +121,11 @@ class Database:
         finally:
             await connection.aclose()
 
+    async def _close_remote(self) -> None:
+        while self._working:  # a cancelled caller's work runs to its end first
+            await asyncio.gather(*self._working, return_exceptions=True)
+        await self.executor.aclose()
+
     def _let_go(self, _task: asyncio.Future[Any]) -> None:
         self.guard.release()
 
@@ -140,13 +146,13 @@ class Database:
 
         Never call `connection.close()` yourself: closing the driver under a running statement can crash.
         """
-        if self.closed:
-            return
         if self.connection is None:
-            self.closed = True
-            while self._working:  # a cancelled caller's work runs to its end first
-                await asyncio.shield(asyncio.gather(*self._working, return_exceptions=True))
-            await self.executor.aclose()
+            if self._closing is None:
+                self.closed = True
+                self._closing = asyncio.ensure_future(self._close_remote())
+            await asyncio.shield(self._closing)
+            return
+        if self.closed:
             return
         await self.executor.aclose()  # what is queued still commits, through `run`
         await self.guard.acquire()
@@ -161,11 +167,6 @@ class Database:
             raise
         task.add_done_callback(self._let_go)
         await asyncio.shield(task)
-
-
-def _closed_now(connection: EdgeConnection) -> None:
-    """A remote connection handed to `Database` is not used: the executor speaks for it."""
-    connection.close()
 
 
 class StreamConnection:

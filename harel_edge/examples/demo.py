@@ -50,20 +50,20 @@ def seed(settings: EdgeSettings, orders: int) -> dict[str, str]:
     """Create the orders and queue their events; return each order's routing key."""
     connection = EdgeConnection(settings)
     try:
-        store = EdgeStore(connection=connection, create_schema=False)
-        transport = LibsqlTransport(connection=connection, create_schema=False)
-        keys: dict[str, str] = {}
-        batch: list[Message] = []
-        for i in range(orders):
-            order = f"order-{i + 1:03d}"
-            keys[order] = ROUTING_KEYS[i % len(ROUTING_KEYS)]
-            if store.load(order) is None:
-                store.save(Execution(id=order, definition_id="order", priority=i % 4))
-            for kind, data in STEPS:
-                payload = {"amount": 10.0 + i} if kind == "Pay" else data
-                batch.append(Message(order, Event(kind=kind, data=payload), i % 4, keys[order]))
-        transport.publish_many(batch)
-        return keys
+        with EdgeStore(connection=connection, create_schema=False) as store:
+            transport = LibsqlTransport(connection=connection, create_schema=False)
+            keys: dict[str, str] = {}
+            batch: list[Message] = []
+            for i in range(orders):
+                order = f"order-{i + 1:03d}"
+                keys[order] = ROUTING_KEYS[i % len(ROUTING_KEYS)]
+                if store.load(order) is None:
+                    store.save(Execution(id=order, definition_id="order", priority=i % 4))
+                for kind, data in STEPS:
+                    payload = {"amount": 10.0 + i} if kind == "Pay" else data
+                    batch.append(Message(order, Event(kind=kind, data=payload), i % 4, keys[order]))
+            transport.publish_many(batch)
+            return keys
     finally:
         connection.close()
 

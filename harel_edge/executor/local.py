@@ -47,6 +47,7 @@ class LocalExecutor:
         self._queue: list[_Unit] = []
         self._draining = False
         self.closed = False
+        self._closing: asyncio.Future | None = None
         self._drain_task: asyncio.Task | None = None
         self.exchanges = 0  # commits made, for benchmarks and tests
         self.last_replication_index = None
@@ -63,9 +64,13 @@ class LocalExecutor:
         return await self._submit(list(stmts), single=False)
 
     async def aclose(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
+        """Commit what is queued, then release the connection; a cancelled caller leaves it closing."""
+        if self._closing is None:
+            self.closed = True
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
         if self._drain_task is not None:
             await asyncio.gather(self._drain_task, return_exceptions=True)
         if self._connection is not None and self._owns_connection:
@@ -164,17 +169,19 @@ def _run_alone(raw: Any, unit: _Unit) -> Any:
 
 
 def _run_one(raw: Any, stmt: Stmt, step: int) -> Result:
+    was_in_transaction = raw.in_transaction
     try:
         cursor = raw.execute(stmt.sql, stmt.args)
         rows = cursor.fetchall() if cursor.description else []
     except Exception as exc:  # noqa: BLE001 - the database's own error, for this unit alone
-        if _aborts_transaction(exc):
+        if _aborts_transaction(exc, was_in_transaction and not raw.in_transaction):
             raise
         raise StatementError(str(exc), step=step) from None
     return Result(rows=[tuple(r) for r in rows], affected=max(cursor.rowcount, 0), last_rowid=cursor.lastrowid)
 
 
-def _aborts_transaction(exc: Exception) -> bool:
-    """Errors after which SQLite may have rolled back the whole transaction, not one statement."""
-    text = str(exc).lower()
-    return any(word in text for word in ("database is locked", "busy", "disk i/o", "full", "interrupt"))
+def _aborts_transaction(exc: Exception, rolled_back: bool) -> bool:
+    """Errors that fail every unit of the shared commit: SQLite rolled the whole transaction back,
+    or the file is locked (the commit as a whole is retried). Decided by the connection's state,
+    never by words a statement's own error may contain."""
+    return rolled_back or str(exc).lower().startswith(("database is locked", "database table is locked"))

@@ -77,6 +77,7 @@ class HranaExecutor:
         self._queue: list[_Unit] = []
         self._draining = False
         self.closed = False
+        self._closing: asyncio.Future | None = None
         self._in_flight = 0
         self._tasks: set[asyncio.Task] = set()
         self.exchanges = 0  # HTTP exchanges sent, for benchmarks and tests
@@ -102,9 +103,13 @@ class HranaExecutor:
         return await self._submit({"type": "batch", "batch": {"steps": steps}}, len(stmts))
 
     async def aclose(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
+        """Send what is queued, then close the client; a cancelled caller leaves it closing."""
+        if self._closing is None:
+            self.closed = True
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         await self._client.aclose()

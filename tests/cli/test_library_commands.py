@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,7 @@ from test_dead_letter import poisoned
 from harel_edge import access, dead_letter
 from harel_edge.doctor import Diagnosis, diagnose
 from harel_edge.errors import ConfigurationError, SchemaError
+from harel_edge.executor import ExecutorClosedError
 from harel_edge.migration import Migration, migrate
 from harel_edge.publishing import Published, publish, publish_request
 from harel_edge.schema import SCHEMA_VERSION
@@ -120,3 +124,39 @@ def test_the_access_policy_checks_without_creating_and_reads_only_a_usable_datab
         access.open_for_reading(settings)
     migrate(settings)
     assert access.with_reader(settings, lambda execute: execute("SELECT 1")) == [(1,)]
+
+
+def test_an_edge_store_closes_as_a_context_manager_and_then_says_so_on_every_call(settings):
+    with EdgeStore(settings) as store:
+        assert store.load("nobody") is None
+    with pytest.raises(ExecutorClosedError, match="closed"):
+        store.load("nobody")
+    store.close()  # a second close is harmless
+
+
+def test_an_edge_store_dropped_without_close_stops_its_thread(settings):
+    def store_threads() -> int:
+        return sum(t.name == "harel-edge-store" for t in threading.enumerate())
+
+    before = store_threads()
+    store = EdgeStore(settings)
+    assert store_threads() == before + 1
+    del store
+    gc.collect()
+    assert store_threads() == before
+
+
+def test_an_edge_store_used_in_a_forked_child_refuses_clearly_instead_of_hanging(settings):
+    store = EdgeStore(settings)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: the store's loop thread did not survive the fork
+            try:
+                store.load("x")
+            except RuntimeError as exc:
+                os._exit(0 if "another process" in str(exc) else 2)
+            os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        store.close()

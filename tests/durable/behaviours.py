@@ -26,6 +26,7 @@ from harel_edge.durable import (
     LibsqlCheckpointer,
     LibsqlDurable,
     LibsqlScheduler,
+    Pass,
     SqlEffect,
     connect,
     migrate,
@@ -568,6 +569,20 @@ async def an_sql_effect_of_a_superseded_pass_is_fenced_and_applies_nothing(s: St
             old, "charge", SqlEffect(("INSERT INTO durable_effects (workflow, step) VALUES (?, 'charge')", (wf,)))
         )
     assert await s.effects(wf) == [] and await s.checkpointer.load(wf) == {}
+
+
+async def a_failing_sql_effect_fails_alone_and_the_operations_sent_with_it_succeed(s: Stores) -> None:
+    wf = s.workflow()
+    holder = await s.checkpointer.claim(wf, BUDGET, ALIVE)
+    others = [s.workflow() for _ in range(8)]
+    bad = SqlEffect("INSERT INTO full_orders_that_do_not_exist VALUES (1)")  # "full": not a disk-full error
+    results = await asyncio.gather(
+        s.checkpointer.transact(holder, "bad", bad),
+        *(s.checkpointer.claim(other, BUDGET, ALIVE) for other in others),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], StatementError) and "statement 0 of the effect" in str(results[0])
+    assert all(isinstance(r, Pass) for r in results[1:]), results
 
 
 ALL: list[Behaviour] = [

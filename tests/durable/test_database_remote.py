@@ -198,6 +198,31 @@ def test_aclose_waits_for_a_cancelled_callers_work_to_reach_its_commit(sqld_prim
     assert asyncio.run(scenario()) == [("held",)], "the cancelled caller's transaction ran to its COMMIT"
 
 
+def test_an_aclose_cancelled_while_it_waits_still_closes_and_a_second_aclose_waits_for_it(sqld_primary, tmp_path) -> None:
+    table = table_name()
+    inside, release = str(tmp_path / "inside"), str(tmp_path / "release")
+
+    async def scenario() -> tuple[bool, bool]:
+        database = connect(sqld(sqld_primary))
+        try:
+            await database.run(create_table, table)
+            work = asyncio.create_task(database.run(held_transaction, table, inside, release, "COMMIT"))
+            await until(lambda: Path(inside).exists(), "the transaction to be open on its stream")
+            first = asyncio.create_task(database.aclose())
+            await spin()
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            Path(release).touch()
+            await database.aclose()
+            await work
+            return database.executor.closed, database.executor._client.is_closed
+        finally:
+            Path(release).touch()
+
+    assert asyncio.run(scenario()) == (True, True), "the executor and its HTTP client were closed"
+
+
 def test_work_of_any_kind_runs_on_a_thread_here_with_its_statements_on_one_stream(sqld_primary) -> None:
     table = table_name()
     threads: list[int] = []

@@ -30,6 +30,8 @@ from harel_edge.transport import LibsqlTransport
 # ---- the texts, verbatim as measured ---------------------------------------------------
 
 TRANSIENT_TEXTS = {
+    # seen in the chaos test on sqld (docker) while the primary was paused and killed
+    "remote, interrupted": "Hrana: `cursor error: `error at step 0: (error code: SQLITE_INTERRUPT) `SQLite error: interrupted```",
     "remote, refused": "Hrana: `http error: `error trying to connect: tcp connect error: Connection refused "
     "(os error 111)``",
     "replica connect, refused": "sync error: error trying to connect: tcp connect error: Connection refused "
