@@ -185,11 +185,21 @@ class StreamConnection:
         return f"<StreamConnection to {self.settings.server}>"
 
     def execute(self, sql: str, params: tuple | list = ()) -> list[tuple]:
-        result = asyncio.run_coroutine_threadsafe(self._session.execute(Stmt(sql, tuple(params))), self._loop).result()
+        """Inside a transaction a statement runs only while the primary keeps it open, so what
+        follows a transaction sqld ended is refused instead of committed on its own."""
         word = sql.lstrip()[:8].upper()
+        ends = word.startswith(("COMMIT", "END", "ROLLBACK")) and "TO" not in sql.upper().split()
+        guarded = self.in_transaction and not word.startswith("ROLLBACK")
+        unit = self._session.execute(Stmt(sql, tuple(params)), in_transaction=guarded)
+        try:
+            result = asyncio.run_coroutine_threadsafe(unit, self._loop).result()
+        except BaseException:
+            if ends:
+                self.in_transaction = False
+            raise
         if word.startswith("BEGIN"):
             self.in_transaction = True
-        elif word.startswith(("COMMIT", "END", "ROLLBACK")) and "TO" not in sql.upper().split():
+        elif ends:
             self.in_transaction = False
         return result.rows
 

@@ -22,6 +22,10 @@ from harel_edge.settings import EdgeSettings
 log = structlog.get_logger("harel_edge.executor.remote")
 
 PIPELINE = "/v2/pipeline"
+# A stream speaks Hrana 3, whose batch condition `is_autocommit` lets a statement refuse to run
+# once the primary has ended the stream's transaction (sqld's transaction timeout).
+STREAM_PIPELINE = "/v3/pipeline"
+_IN_TRANSACTION = {"type": "not", "cond": {"type": "is_autocommit"}}
 # A pipeline of many commits is still small (a few KB a unit); sqld answers it in milliseconds.
 # The read timeout bounds how long a unit may wait for an answer that never comes.
 TIMEOUT = httpx.Timeout(connect=5.0, read=30.0, write=10.0, pool=30.0)
@@ -272,7 +276,7 @@ class HranaSession:
 
     def __init__(self, executor: HranaExecutor) -> None:
         self._executor = executor
-        self.url = PIPELINE
+        self.url = STREAM_PIPELINE
         self.baton: str | None = None
         self.closed = False
 
@@ -280,13 +284,32 @@ class HranaSession:
         """Take the next request's baton (and address, when the primary moves the stream)."""
         self.baton = baton
         if base_url:
-            self.url = base_url.rstrip("/") + PIPELINE
+            self.url = base_url.rstrip("/") + STREAM_PIPELINE
 
-    async def execute(self, stmt: Stmt) -> Result:
+    async def execute(self, stmt: Stmt, *, in_transaction: bool = False) -> Result:
+        """One statement; `in_transaction` runs it only while the stream's transaction is still
+        open, so nothing of a transaction the primary ended can commit on its own."""
         if self.closed:
             raise ExecutorClosedError("this Hrana stream was closed")
-        [result] = await self._executor._post([{"type": "execute", "stmt": _stmt(stmt)}], stream=self)
-        return self._executor._unit_result(result, 0)
+        if not in_transaction:
+            [result] = await self._executor._post([{"type": "execute", "stmt": _stmt(stmt)}], stream=self)
+            return self._executor._unit_result(result, 0)
+        step = {"stmt": _stmt(stmt), "condition": _IN_TRANSACTION}
+        [result] = await self._executor._post([{"type": "batch", "batch": {"steps": [step]}}], stream=self)
+        if result.get("type") != "ok":
+            raise _statement_error(result.get("error") or {}, 0)
+        batch = result["response"]["result"]
+        error = (batch.get("step_errors") or [None])[0]
+        if error is not None:
+            raise _statement_error(error, 0)
+        raw = (batch.get("step_results") or [None])[0]
+        if raw is None:
+            raise StatementError(
+                "the primary ended this transaction before this statement (transaction timed out: it "
+                "held the write lock while another writer waited); nothing of it was committed",
+                code="TRANSACTION_TIMEOUT",
+            )
+        return self._executor._result(raw)
 
     async def aclose(self) -> None:
         """End the stream; best effort, since an unreachable primary drops it by itself."""

@@ -223,6 +223,50 @@ def test_an_aclose_cancelled_while_it_waits_still_closes_and_a_second_aclose_wai
     assert asyncio.run(scenario()) == (True, True), "the executor and its HTTP client were closed"
 
 
+def held_until_told(connection, table: str, inside: str, proceed: str) -> list[str]:
+    """A transaction that holds the write lock until told, then tries to go on and commit."""
+    connection.execute("BEGIN IMMEDIATE")
+    connection.execute(f"INSERT INTO {table} (v) VALUES ('a')")
+    Path(inside).touch()
+    while not Path(proceed).exists():
+        time.sleep(0.005)
+    outcomes = []
+    # The first statement learns that sqld ended the transaction; an effect that swallows that
+    # error and goes on must not get its next statement committed on its own.
+    for sql in (f"INSERT INTO {table} (v) VALUES ('b')", f"INSERT INTO {table} (v) VALUES ('c')", "COMMIT"):
+        try:
+            connection.execute(sql)
+            outcomes.append("ran")
+        except StatementError as exc:
+            outcomes.append(exc.code or str(exc))
+    return outcomes
+
+
+def test_after_sqld_ends_a_transaction_that_held_the_lock_too_long_nothing_of_it_commits(sqld_primary, tmp_path) -> None:
+    table = table_name()
+    inside, proceed = str(tmp_path / "inside"), str(tmp_path / "proceed")
+
+    async def scenario() -> tuple[list[str], list[tuple]]:
+        database = connect(sqld(sqld_primary))
+        try:
+            await database.run(create_table, table)
+            holder = asyncio.create_task(database.run(held_until_told, table, inside, proceed))
+            await until(lambda: Path(inside).exists(), "the transaction to hold the write lock")
+            # Another writer waits for the lock; sqld ends the holder's transaction after its
+            # timeout (about 5 s) and lets this write in.
+            await database.execute("test.other", f"INSERT INTO {table} (v) VALUES ('other')")
+            Path(proceed).touch()
+            outcomes = await holder
+            return outcomes, await database.run(read_all, table)
+        finally:
+            Path(proceed).touch()
+            await database.aclose()
+
+    outcomes, rows = asyncio.run(scenario())
+    assert outcomes[1:] == ["TRANSACTION_TIMEOUT", "TRANSACTION_TIMEOUT"], f"refused, not run in autocommit: {outcomes}"
+    assert rows == [("other",)], "nothing of the ended transaction, nor what followed it, was committed"
+
+
 def test_work_of_any_kind_runs_on_a_thread_here_with_its_statements_on_one_stream(sqld_primary) -> None:
     table = table_name()
     threads: list[int] = []
