@@ -58,6 +58,12 @@ WHERE {_HELD}
 RETURNING visible_at
 """
 
+# An extend that landed: the row keeps the generation and has left the receipt's visibility.
+_EXTENDED = (
+    "SELECT visible_at FROM workflow_queue"
+    " WHERE namespace = ?1 AND workflow = ?2 AND visible_at != ?3 AND generation = ?4"
+)
+
 _DONE = f"DELETE FROM workflow_queue WHERE {_HELD}"
 
 # A failed pass via the `<prefix>_workflow_failure` view, fenced by the receipt; bumping the
@@ -166,7 +172,21 @@ class LibsqlScheduler:
         A stale receipt changes nothing and returns the delivery passed in.
         """
         seconds = within.total_seconds()
-        rows = await self.database.execute("durable.extend_delivery", _EXTEND, (*self._receipt(delivery), seconds, self.clock_param())
+
+        async def landed() -> list[tuple] | None:
+            """After an unknown outcome: the same generation with a new visibility is our extend."""
+            rows = await self.database.execute(
+                "durable.extend_delivery.lookup",
+                _EXTENDED,
+                (self.namespace, delivery.workflow, delivery.receipt, delivery.generation),
+            )
+            return rows or None
+
+        rows = await self.database.execute(
+            "durable.extend_delivery",
+            _EXTEND,
+            (*self._receipt(delivery), seconds, self.clock_param()),
+            resolve=landed,
         )
         return Delivery(delivery.workflow, rows[0][0], delivery.generation) if rows else delivery
 

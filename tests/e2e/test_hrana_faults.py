@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from datetime import timedelta
 
 import httpx
 import pytest
 from harel.engine.execution import Execution
 from harel.spec.states import Event
 
+from harel_edge.durable import LibsqlCheckpointer, LibsqlScheduler, SqlEffect, connect, migrate
 from harel_edge.errors import AuthError
 from harel_edge.event_path import EventPath, EventStore, EventTransport
 from harel_edge.executor.remote import HranaExecutor
@@ -189,5 +191,56 @@ def test_a_token_with_a_trailing_newline_is_used_without_it(fresh_sqld_primary):
             assert await EventTransport(EventPath(executor, settings)).depth() == 0
         finally:
             await executor.aclose()
+
+    asyncio.run(main())
+
+
+@contextlib.asynccontextmanager
+async def durable_relayed(server):
+    """The durable stores on `server` through a `FaultyRelay`."""
+    settings = _settings(server)
+    relay = FaultyRelay(server.http_url)
+    database = connect(settings)
+    await database.executor.aclose()
+    database.executor = HranaExecutor(settings, transport=httpx.ASGITransport(app=relay))
+    try:
+        await migrate(database)
+        await database.execute("test.effects", "CREATE TABLE IF NOT EXISTS fault_effects (workflow TEXT)")
+        yield relay, database
+    finally:
+        await database.aclose()
+
+
+@pytest.mark.parametrize("fault", AMBIGUOUS)
+def test_an_sql_effect_whose_answer_was_lost_is_looked_up_and_applied_once(fresh_sqld_primary, fault):
+    async def main():
+        async with durable_relayed(fresh_sqld_primary) as (relay, database):
+            checkpointer = LibsqlCheckpointer(database)
+            workflow = f"wf-{fault}"
+            holder = await checkpointer.claim(workflow, timedelta(minutes=5), timedelta(minutes=5))
+            effect = SqlEffect(("INSERT INTO fault_effects (workflow) VALUES (?)", (workflow,)), value="done")
+            relay.faults = [fault]
+            sent_before = relay.transactions
+            assert await checkpointer.transact(holder, "charge", effect) == "done"
+            assert relay.transactions == sent_before + 1, "sent once, then looked up, not resent"
+            rows = await database.execute("test.read", "SELECT count(*) FROM fault_effects WHERE workflow = ?", (workflow,))
+            assert rows == [(1,)], "the effect was applied exactly once"
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("fault", AMBIGUOUS)
+def test_a_delivery_extend_whose_answer_was_lost_returns_the_receipt_it_wrote(fresh_sqld_primary, fault):
+    async def main():
+        async with durable_relayed(fresh_sqld_primary) as (relay, database):
+            scheduler = LibsqlScheduler(database, namespace=f"ns-{fault}")
+            await scheduler.make_ready("wf")
+            delivery = await scheduler.next_ready(timedelta(0))
+            relay.faults = [fault]
+            extended = await scheduler.extend(delivery, timedelta(seconds=60))
+            assert extended.receipt != delivery.receipt, "the receipt the landed extend wrote"
+            await scheduler.done(extended)
+            rows = await database.execute("test.read", "SELECT count(*) FROM workflow_queue WHERE namespace = ?", (f"ns-{fault}",))
+            assert rows == [(0,)], "done with that receipt removed the row"
 
     asyncio.run(main())
