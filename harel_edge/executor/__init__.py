@@ -5,6 +5,7 @@ A unit of work goes as one piece, and units in flight together are coalesced (do
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,6 +43,23 @@ class StatementError(RuntimeError):
         self.code = code
 
 
+class ClosesOnce:
+    """`aclose` that a cancelled caller cannot leave half done: one closing task (`_close`),
+    which every caller waits for."""
+
+    closed = False
+    _closing: Any = None
+
+    async def aclose(self) -> None:
+        if self._closing is None:
+            self.closed = True
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
+        raise NotImplementedError
+
+
 class ExecutorClosedError(HarelEdgeError):
     """A unit of work was given to an executor after it was closed."""
 
@@ -64,8 +82,6 @@ class Executor(Protocol):
 def blocking_execute(executor: Executor, loop: Any) -> Any:
     """A sync `execute(sql, params) -> rows` for code running on a thread (schema steps, status
     queries) whose statements go through `executor` on `loop`, which keeps running meanwhile."""
-    import asyncio  # noqa: PLC0415
-
     def execute(sql: str, params: tuple | list = ()) -> list[tuple]:
         unit = executor.execute(Stmt(sql, tuple(params)))
         return asyncio.run_coroutine_threadsafe(unit, loop).result().rows

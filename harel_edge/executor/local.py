@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harel_edge.connection import EdgeConnection
-from harel_edge.executor import ExecutorClosedError, Result, StatementError, Stmt
+from harel_edge.executor import ClosesOnce, ExecutorClosedError, Result, StatementError, Stmt
 from harel_edge.settings import EdgeSettings
 
 
@@ -22,7 +22,7 @@ class _Unit:
     future: asyncio.Future
 
 
-class LocalExecutor:
+class LocalExecutor(ClosesOnce):
     """Units of work for a local file; safe to use from many coroutines of one event loop."""
 
     def __init__(
@@ -46,8 +46,6 @@ class LocalExecutor:
         self._linger = settings.commit_linger if linger is None else linger
         self._queue: list[_Unit] = []
         self._draining = False
-        self.closed = False
-        self._closing: asyncio.Future | None = None
         self._drain_task: asyncio.Task | None = None
         self.exchanges = 0  # commits made, for benchmarks and tests
         self.last_replication_index = None
@@ -62,13 +60,6 @@ class LocalExecutor:
         if not stmts:
             return []
         return await self._submit(list(stmts), single=False)
-
-    async def aclose(self) -> None:
-        """Commit what is queued, then release the connection; a cancelled caller leaves it closing."""
-        if self._closing is None:
-            self.closed = True
-            self._closing = asyncio.ensure_future(self._close())
-        await asyncio.shield(self._closing)
 
     async def _close(self) -> None:
         if self._drain_task is not None:

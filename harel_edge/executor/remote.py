@@ -16,7 +16,7 @@ import httpx
 import structlog
 
 from harel_edge.errors import AuthError, PrimaryUnavailableError
-from harel_edge.executor import ExecutorClosedError, Result, StatementError, Stmt, Value
+from harel_edge.executor import ClosesOnce, ExecutorClosedError, Result, StatementError, Stmt, Value
 from harel_edge.settings import EdgeSettings
 
 log = structlog.get_logger("harel_edge.executor.remote")
@@ -47,7 +47,7 @@ class _Unit:
     statements: int  # 0 for a single execute, else the transaction's statement count
 
 
-class HranaExecutor:
+class HranaExecutor(ClosesOnce):
     """Units of work for a remote primary; safe to use from many coroutines of one event loop.
 
     Up to `max_requests` exchanges in flight, `max_units` units each; `linger` applies only under load.
@@ -80,8 +80,6 @@ class HranaExecutor:
         self._slots = asyncio.Semaphore(max_requests)
         self._queue: list[_Unit] = []
         self._draining = False
-        self.closed = False
-        self._closing: asyncio.Future | None = None
         self._in_flight = 0
         self._tasks: set[asyncio.Task] = set()
         self.exchanges = 0  # HTTP exchanges sent, for benchmarks and tests
@@ -105,13 +103,6 @@ class HranaExecutor:
             {"stmt": _stmt(Stmt("ROLLBACK")), "condition": {"type": "not", "cond": {"type": "ok", "step": commit}}}
         )
         return await self._submit({"type": "batch", "batch": {"steps": steps}}, len(stmts))
-
-    async def aclose(self) -> None:
-        """Send what is queued, then close the client; a cancelled caller leaves it closing."""
-        if self._closing is None:
-            self.closed = True
-            self._closing = asyncio.ensure_future(self._close())
-        await asyncio.shield(self._closing)
 
     async def _close(self) -> None:
         while self._tasks:
