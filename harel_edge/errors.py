@@ -28,8 +28,9 @@ class NotADatabaseError(HarelEdgeError):
     """The file is not a SQLite/libSQL database (corrupt, encrypted, or some other file)."""
 
 
-class ForeignDatabaseError(HarelEdgeError):
-    """The database holds another application's tables and none of harel_edge's."""
+class ForeignDatabaseError(NotADatabaseError):
+    """The database holds another application's tables and none of harel_edge's (not one of
+    ours: a `NotADatabaseError` to code that catches that)."""
 
 
 class DamagedDatabaseError(NotADatabaseError):

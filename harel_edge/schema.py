@@ -410,7 +410,7 @@ def refuse_newer(found: int, where: str = "this database") -> None:
     if found > SCHEMA_VERSION:
         raise SchemaTooNewError(
             f"{where} has schema version {found}, newer than {SCHEMA_VERSION} which this harel_edge "
-            "understands: upgrade harel_edge on this machine (never downgrade a database); nothing was changed"
+            "understands: upgrade harel_edge here (never downgrade a database); nothing was changed"
         )
 
 

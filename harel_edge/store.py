@@ -148,13 +148,15 @@ class EdgeStore:
 
     def close(self) -> None:
         store = getattr(self, "_store", None)
-        if store is not None and not isinstance(store, _Closed):
-            self._loop.call(store.path.executor.aclose())
-            self._store = _Closed()
-        self._finalizer()
-        if self._owns_connection and self._connection is not None:
-            self._connection.close()
-            self._connection = None
+        try:
+            if store is not None and not isinstance(store, _Closed):
+                self._store = _Closed()
+                self._loop.call(store.path.executor.aclose())
+        finally:
+            self._finalizer()
+            if self._owns_connection and self._connection is not None:
+                self._connection.close()
+                self._connection = None
 
 
 class _Closed:
