@@ -60,23 +60,10 @@ from harel_edge import AsyncLibsqlTransport, Message
 from harel_edge.durable import LibsqlCheckpointer, LibsqlScheduler, SqlEffect, connect, migrate
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import start_sqld_primary
+from harel_edge.testing.loop import lag_ticker, percentile
 from harel_edge.testing.proxy import LatencyProxy
 
 GROUPS = 64
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-async def ticker(stop: asyncio.Event, lags: list[float]) -> None:
-    while not stop.is_set():
-        start = time.perf_counter()
-        await asyncio.sleep(0.001)
-        lags.append((time.perf_counter() - start - 0.001) * 1000)
 
 
 def cpu_seconds() -> float:
@@ -110,7 +97,7 @@ async def measure(settings, inflight: int, seconds: float, per_group: int) -> di
 
         stop = asyncio.Event()
         lags: list[float] = []
-        tick = asyncio.create_task(ticker(stop, lags))
+        tick = asyncio.create_task(lag_ticker(stop, lags))
         await asyncio.sleep(0.05)
         lags.clear()
         start, cpu_start = time.perf_counter(), cpu_seconds()
@@ -228,7 +215,7 @@ async def measure_durable(settings, op: str, inflight: int, seconds: float) -> d
         done = 0
         stop = asyncio.Event()
         lags: list[float] = []
-        tick = asyncio.create_task(ticker(stop, lags))
+        tick = asyncio.create_task(lag_ticker(stop, lags))
         await asyncio.sleep(0.05)
         lags.clear()
         exchanges = database.executor.exchanges

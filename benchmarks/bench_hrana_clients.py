@@ -69,6 +69,7 @@ from harel_edge.executor import Stmt
 from harel_edge.executor.remote import HranaExecutor
 from harel_edge.settings import EdgeSettings
 from harel_edge.testing import start_sqld_primary
+from harel_edge.testing.loop import lag_ticker, percentile
 from harel_edge.testing.proxy import LatencyProxy
 
 TABLE = "bench_hrana_clients"
@@ -381,20 +382,6 @@ async def _count_main(control: Any, target_port: int) -> None:
 # ---- measuring ---------------------------------------------------------------------------------
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-async def ticker(stop: asyncio.Event, lags: list[float]) -> None:
-    while not stop.is_set():
-        start = time.perf_counter()
-        await asyncio.sleep(0.001)
-        lags.append((time.perf_counter() - start - 0.001) * 1000)
-
-
 async def cell(candidate: Candidate, kind: str, workers: int, args, counter: RequestCounter) -> dict:
     """Run `workers` coroutines looping on one operation for `seconds`: ops/s (completed ones),
     operations that raised (each counted and the loop goes on), requests/op, loop lag."""
@@ -436,7 +423,7 @@ async def cell(candidate: Candidate, kind: str, workers: int, args, counter: Req
 
     stop = asyncio.Event()
     lags: list[float] = []
-    tick = asyncio.create_task(ticker(stop, lags))
+    tick = asyncio.create_task(lag_ticker(stop, lags))
     await asyncio.sleep(0.05)
     lags.clear()
     requests_before = counter.total()

@@ -111,6 +111,20 @@ class EdgeConnection:
         self.last_sync_at = time.time()
         self.last_sync_error = None
 
+    def recover(self, error: BaseException) -> None:
+        """Make the connection usable again after a transient `error`, before anything else is
+        sent: a dead link is replaced, a transaction left open rolled back, a replica synced."""
+        if self._raw is None or retry.needs_reopen(error):
+            self.reopen()
+            return
+        if self._raw.in_transaction:
+            try:
+                self._raw.execute("ROLLBACK")
+            except Exception:  # noqa: BLE001 - a connection that cannot roll back is replaced
+                self.reopen()
+                return
+        self.sync()
+
     def reopen(self) -> None:
         """Replace a connection left unusable by a broken link (libsql does not recover one)."""
         old, self._raw = self._raw, None

@@ -71,7 +71,7 @@ def prepare(connection: EdgeConnection, *, migrate: bool, adopt: bool = False) -
             connection.execute(statement)
         return found
 
-    return retry.call_with_retry(settings, "migrate", work, recover=lambda exc: _recover(connection, exc))
+    return retry.call_with_retry(settings, "migrate", work, recover=connection.recover)
 
 
 def prepare_database(settings: EdgeSettings, *, adopt: bool = False) -> int:
@@ -81,10 +81,3 @@ def prepare_database(settings: EdgeSettings, *, adopt: bool = False) -> int:
         return prepare(connection, migrate=True, adopt=adopt)
     finally:
         connection.close()
-
-
-def _recover(connection: EdgeConnection, exc: BaseException) -> None:
-    if retry.needs_reopen(exc):
-        connection.reopen()
-    else:
-        connection.sync()

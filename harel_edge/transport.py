@@ -328,10 +328,7 @@ class LibsqlTransport:
 
     def _recover(self, exc: BaseException) -> None:
         """Make the next attempt (and the look-up before it) see the primary as it is."""
-        if retry.needs_reopen(exc):
-            self._conn.reopen()
-        else:
-            self._conn.sync()
+        self._conn.recover(exc)
 
     def _check_schema(self) -> None:
         check_schema(self._conn.execute, self.settings.prefix)

@@ -209,6 +209,10 @@ class StreamConnection:
     def sync(self) -> None:
         """Nothing to do: every statement here is answered by the primary itself."""
 
+    def recover(self, _error: BaseException) -> None:
+        """After a transient error, a new stream: the old one and its transaction are given up."""
+        self.reopen()
+
     def reopen(self) -> None:
         """A new stream (the old one, and any transaction it held, is given up)."""
         old, self._session = self._session, self._executor.session()
@@ -244,23 +248,9 @@ def _attempts(
         connection.settings,
         operation,
         lambda: work(connection, *args),
-        recover=lambda error: _recover(connection, error),
+        recover=connection.recover,
         resolve=None if resolve is None else lambda: resolve(connection, *args),
     )
-
-
-def _recover(connection: EdgeConnection | StreamConnection, error: BaseException) -> None:
-    """Make the connection usable again after `error`, before anything else is sent."""
-    if isinstance(connection, StreamConnection) or connection.raw is None or retry.needs_reopen(error):
-        connection.reopen()
-        return
-    if connection.raw.in_transaction:
-        try:
-            connection.execute("ROLLBACK")
-        except Exception:  # noqa: BLE001 - a connection that cannot roll back is replaced
-            connection.reopen()
-            return
-    connection.sync()
 
 
 def connect(settings: EdgeSettings | str | os.PathLike[str] | None = None, **overrides: Any) -> Database:

@@ -5,6 +5,7 @@ wake-ups, which compares designs without asserting wall-clock times (docs/testin
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -33,3 +34,19 @@ async def ticks_during(call: Callable[[], Awaitable[T]]) -> tuple[int, T]:
         done = True
         await task
     return ticks, result
+
+
+async def lag_ticker(stop: asyncio.Event, lags: list[float]) -> None:
+    """Until `stop`: ask for 1 ms sleeps and note how late each woke, in ms (the loop's lag)."""
+    while not stop.is_set():
+        start = time.perf_counter()
+        await asyncio.sleep(0.001)
+        lags.append((time.perf_counter() - start - 0.001) * 1000)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The `q` quantile (0-1) of `values` by rank; NaN for none."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
