@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +97,20 @@ class EdgeConnection:
     @property
     def in_transaction(self) -> bool:
         return bool(self._raw is not None and self._raw.in_transaction)
+
+    @contextmanager
+    def skip_fsync(self) -> Iterator[None]:
+        """For commits that only a power cut may undo, harmlessly (a lease dies with every process
+        that could hold it): on a local file at full durability they skip their fsync; a crash
+        of the process still loses nothing (docs/transport.md, "Leases and fsync")."""
+        if self.profile != "local" or self.settings.durability != "full" or self._raw is None or self.in_transaction:
+            yield
+            return
+        self._raw.execute("PRAGMA synchronous=NORMAL")
+        try:
+            yield
+        finally:
+            self._raw.execute("PRAGMA synchronous=FULL")
 
     def sync(self) -> None:
         """Pull the primary's changes into the embedded replica; nothing to do elsewhere."""

@@ -64,8 +64,8 @@ class EventPath:
     async def run(self, operation: str, attempt: Callable[[], Any], resolve: Callable[[], Any] | None = None) -> Any:
         return await retry.acall_with_retry(self.settings, operation, attempt, resolve=resolve)
 
-    async def execute(self, sql: str, *args: Any) -> Result:
-        return await self.executor.execute(Stmt(sql, tuple(args)))
+    async def execute(self, sql: str, *args: Any, volatile: bool = False) -> Result:
+        return await self.executor.execute(Stmt(sql, tuple(args)), volatile=volatile)
 
     def hold(
         self,
@@ -210,7 +210,7 @@ class EventTransport:
         q = self.path.queue
 
         async def attempt() -> list[tuple]:
-            return (await self.path.execute(sql, *params, n)).rows
+            return (await self.path.execute(sql, *params, n, volatile=True)).rows
 
         async def resolve() -> list[tuple]:
             # Found or not, the look-up is the answer: a claim that did not land leased nothing.

@@ -244,7 +244,8 @@ class LibsqlTransport:
         token, params = claim_params(worker_id, visibility, min_priority, keys, now)
 
         def attempt() -> Lease | None:
-            rows = self._conn.execute(sql, params)
+            with self._conn.skip_fsync():
+                rows = self._conn.execute(sql, params)
             return lease_from_row(rows[0], token) if rows else None
 
         return self._with_retry("claim", attempt, resolve=lambda: self._leased(token))

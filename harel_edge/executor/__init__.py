@@ -69,8 +69,9 @@ class Executor(Protocol):
 
     closed: bool
 
-    async def execute(self, stmt: Stmt) -> Result:
-        """One statement, committed on its own."""
+    async def execute(self, stmt: Stmt, *, volatile: bool = False) -> Result:
+        """One statement, committed on its own; `volatile`: a power cut may undo it harmlessly
+        (a lease), so a local file need not fsync it."""
 
     async def transaction(self, stmts: list[Stmt]) -> list[Result]:
         """All statements or none; a failing one raises `StatementError` naming its index."""

@@ -6,6 +6,7 @@ Each unit has a savepoint of its own, so one that fails is undone alone (docs/ex
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ class _Unit:
     stmts: list[Stmt]
     single: bool
     future: asyncio.Future
+    volatile: bool = False
 
 
 class LocalExecutor(ClosesOnce):
@@ -53,8 +55,8 @@ class LocalExecutor(ClosesOnce):
     def __repr__(self) -> str:
         return f"<LocalExecutor {self.settings.db_path}>"
 
-    async def execute(self, stmt: Stmt) -> Result:
-        return await self._submit([stmt], single=True)
+    async def execute(self, stmt: Stmt, *, volatile: bool = False) -> Result:
+        return await self._submit([stmt], single=True, volatile=volatile)
 
     async def transaction(self, stmts: list[Stmt]) -> list[Result]:
         if not stmts:
@@ -68,11 +70,11 @@ class LocalExecutor(ClosesOnce):
             await asyncio.get_running_loop().run_in_executor(self._thread, self._connection.close)
         self._thread.shutdown(wait=True)
 
-    def _submit(self, stmts: list[Stmt], *, single: bool) -> asyncio.Future:
+    def _submit(self, stmts: list[Stmt], *, single: bool, volatile: bool = False) -> asyncio.Future:
         if self.closed:
             raise ExecutorClosedError(f"{self!r} was closed: open a new transport or store to go on")
         future = asyncio.get_running_loop().create_future()
-        self._queue.append(_Unit(stmts, single, future))
+        self._queue.append(_Unit(stmts, single, future, volatile))
         if not self._draining:
             self._draining = True
             self._drain_task = asyncio.create_task(self._drain())
@@ -109,12 +111,19 @@ class LocalExecutor(ClosesOnce):
         return self._run(self._connection, units)
 
     def _run(self, connection: EdgeConnection, units: list[_Unit]) -> list[Any]:
-        """On the connection's thread: one transaction, a savepoint a unit (a lone unit needs
-        none, and a lone statement is its own transaction: fewer statements, same commit)."""
+        """On the connection's thread: one commit, skipping its fsync when every unit in it is
+        volatile (see `EdgeConnection.skip_fsync`)."""
         raw = connection.raw
         self.exchanges += 1
         if raw.in_transaction:  # left open by a failure that could not roll back
             raw.execute("ROLLBACK")
+        volatile = all(unit.volatile for unit in units)
+        with connection.skip_fsync() if volatile else contextlib.nullcontext():
+            return self._commit(raw, units)
+
+    def _commit(self, raw: Any, units: list[_Unit]) -> list[Any]:
+        """One transaction, a savepoint a unit (a lone unit needs none, and a lone statement is
+        its own transaction: fewer statements, same commit)."""
         if len(units) == 1:
             return [_run_alone(raw, units[0])]
         raw.execute("BEGIN IMMEDIATE")

@@ -88,7 +88,7 @@ class HranaExecutor(ClosesOnce):
     def __repr__(self) -> str:  # never the token
         return f"<HranaExecutor {self.where}>"
 
-    async def execute(self, stmt: Stmt) -> Result:
+    async def execute(self, stmt: Stmt, *, volatile: bool = False) -> Result:  # noqa: ARG002 - the primary decides durability
         request = {"type": "execute", "stmt": _stmt(stmt)}
         return await self._submit(request, 0)
 

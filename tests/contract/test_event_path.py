@@ -96,8 +96,8 @@ def test_a_publish_on_the_event_path_whose_answer_was_lost_is_delivered_once(edg
             executor, event, delivered = transport.path.executor, Event(kind="once"), []
             send = executor.execute
 
-            async def applied_then_lost(stmt):
-                result = await send(stmt)
+            async def applied_then_lost(stmt, **how):
+                result = await send(stmt, **how)
                 if stmt.sql.startswith("INSERT") and not delivered:  # landed; consumed in the back-off
                     lease = await transport.claim("consumer", 30)
                     delivered.append(lease.event.id)

@@ -1,0 +1,148 @@
+"""On a local file, a commit that only leases skips its fsync; every other commit keeps it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from harel.spec.states import Event
+
+from harel_edge.connection import EdgeConnection
+from harel_edge.event_path import EventPath, EventStore, EventTransport
+from harel_edge.executor import Stmt
+from harel_edge.executor.local import LocalExecutor
+from harel_edge.migration import prepare_database
+from harel_edge.settings import ExplicitSettings
+from harel_edge.transport import LibsqlTransport
+
+FULL, NORMAL = 2, 1  # what `PRAGMA synchronous` reads back
+SYNC = Stmt("PRAGMA synchronous")
+
+
+def local(tmp_path, durability="full"):
+    return ExplicitSettings.load(profile="local", db_path=str(tmp_path / "q.db"), durability=durability)
+
+
+class RecordingExecutor(LocalExecutor):
+    """A real LocalExecutor that notes which statements were sent as volatile."""
+
+    def __init__(self, settings):
+        super().__init__(settings)
+        self.sent: list[tuple[str, bool]] = []
+
+    async def execute(self, stmt, *, volatile=False):
+        self.sent.append((stmt.sql, volatile))
+        return await super().execute(stmt, volatile=volatile)
+
+    async def transaction(self, stmts):
+        self.sent.extend((stmt.sql, False) for stmt in stmts)
+        return await super().transaction(stmts)
+
+
+def test_a_volatile_unit_commits_at_normal_and_the_next_unit_is_back_at_full(tmp_path):
+    async def main():
+        executor = LocalExecutor(local(tmp_path))
+        try:
+            first = await executor.execute(SYNC)
+            leased = await executor.execute(SYNC, volatile=True)
+            after = await executor.execute(SYNC)
+        finally:
+            await executor.aclose()
+        return first.rows, leased.rows, after.rows
+
+    assert asyncio.run(main()) == ([(FULL,)], [(NORMAL,)], [(FULL,)])
+
+
+def test_one_durable_unit_makes_the_commit_it_shares_with_a_volatile_one_fsync(tmp_path):
+    async def main():
+        executor = LocalExecutor(local(tmp_path), linger=0.0)
+        try:
+            await executor.execute(Stmt("SELECT 1"))  # the connection is open: both below queue together
+            before = executor.exchanges
+            leased, durable = await asyncio.gather(executor.execute(SYNC, volatile=True), executor.execute(SYNC))
+            return leased.rows, durable.rows, executor.exchanges - before
+        finally:
+            await executor.aclose()
+
+    leased, durable, commits = asyncio.run(main())
+    assert commits == 1, "the two units shared one commit"
+    assert leased == durable == [(FULL,)]
+
+
+def test_a_file_at_normal_durability_stays_at_normal(tmp_path):
+    async def main():
+        executor = LocalExecutor(local(tmp_path, durability="normal"))
+        try:
+            return [(await executor.execute(SYNC, volatile=v)).rows for v in (True, False)]
+        finally:
+            await executor.aclose()
+
+    assert asyncio.run(main()) == [[(NORMAL,)], [(NORMAL,)]]
+
+
+def test_skip_fsync_inside_an_open_transaction_changes_nothing(tmp_path):
+    connection = EdgeConnection(local(tmp_path))
+    try:
+        connection.execute("BEGIN IMMEDIATE")
+        with connection.skip_fsync():
+            inside = connection.execute("PRAGMA synchronous")
+        connection.execute("COMMIT")
+        with connection.skip_fsync():
+            outside = connection.execute("PRAGMA synchronous")
+        assert (inside, outside, connection.execute("PRAGMA synchronous")) == ([(FULL,)], [(NORMAL,)], [(FULL,)])
+    finally:
+        connection.close()
+
+
+def test_skip_fsync_restores_full_durability_when_the_statement_fails(tmp_path):
+    connection = EdgeConnection(local(tmp_path))
+    try:
+        with pytest.raises(ValueError, match="no such table"), connection.skip_fsync():
+            connection.execute("SELECT * FROM no_such_table")
+        assert connection.execute("PRAGMA synchronous") == [(FULL,)]
+    finally:
+        connection.close()
+
+
+def test_the_event_path_sends_only_its_claims_as_volatile(tmp_path):
+    settings = local(tmp_path)
+    prepare_database(settings)
+    LibsqlTransport(settings=settings).publish("g", Event(kind="go"))
+
+    async def main():
+        executor = RecordingExecutor(settings)
+        path = EventPath(executor, settings)
+        transport, store = EventTransport(path), EventStore(path)
+        try:
+            lease = await transport.claim("w", 30)
+            await transport.nack(lease)
+            lease = await transport.claim("w", 30)
+            await store.load(lease.group_id)
+            await transport.ack(lease)
+        finally:
+            await executor.aclose()
+        return executor.sent
+
+    sent = asyncio.run(main())
+    claims = [volatile for sql, volatile in sent if "claimed_at = " in sql]
+    others = [volatile for sql, volatile in sent if "claimed_at = " not in sql]
+    assert claims == [True, True]
+    assert others and not any(others)
+
+
+def test_the_sync_transport_claims_at_normal_and_leaves_its_connection_at_full(tmp_path):
+    transport = LibsqlTransport(settings=local(tmp_path))
+    seen = []
+    execute = transport._conn.execute
+
+    def spy(sql, params=()):
+        if "claimed_at = " in sql:
+            seen.append(execute("PRAGMA synchronous"))
+        return execute(sql, params)
+
+    transport._conn.execute = spy
+    transport.publish("g", Event(kind="go"))
+    lease = transport.claim("w", 30)
+    assert lease is not None and transport.ack(lease)
+    assert seen == [[(NORMAL,)]]
+    assert execute("PRAGMA synchronous") == [(FULL,)]
