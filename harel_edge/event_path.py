@@ -17,7 +17,6 @@ from harel.engine.schema import Names
 from harel.engine.store import OutboxEntry, SpawnEntry, StoreConflict
 from harel.engine.transport import Lease
 from harel.spec.states import Event
-from pydantic_core import from_json
 
 from harel_edge import observability, retry, store_sql
 from harel_edge.executor import Executor, Result, StatementError, Stmt
@@ -28,6 +27,7 @@ from harel_edge.transport import (
     Message,
     claim_params,
     claim_sql,
+    lease_from_row,
     message_row,
     publish_statement,
     published_sql,
@@ -225,7 +225,7 @@ class EventTransport:
         rows = sorted(await self.path.run("claim", attempt, resolve), key=lambda row: row[0])
         leases, buried = [], 0
         for row in rows:
-            lease = lease_from_row(row, token)
+            lease = lease_from_row(row[:3], token)
             deliveries = int(row[-1] or 0)
             if self.max_deliveries and deliveries > self.max_deliveries:
                 buried += 1
@@ -344,7 +344,7 @@ class EventTransport:
                 return bool((await self.path.execute(f"DELETE FROM {q.messages} WHERE {fence} RETURNING seq", *params)).rows)
 
             done = await self.path.run("ack", attempt, lambda: self._settled(lease, done_if_gone=True))
-        self._finish(lease, done, "ack")
+        self._finish([lease], [done], "ack")
         return done
 
     async def ack_many(self, leases: Sequence[Lease]) -> list[bool]:
@@ -355,9 +355,7 @@ class EventTransport:
         if all(lease.token for lease in leases):
             # One statement for the lot: libsql prepares each statement anew, so one DELETE of
             # n fenced rows costs far less than n DELETEs.
-            pairs = ", ".join(["(?, ?)"] * len(leases))
-            args = tuple(v for lease in leases for v in (lease.seq, lease.token))
-            stmt = Stmt(f"DELETE FROM {q.messages} WHERE (seq, locked_by) IN (VALUES {pairs}) RETURNING seq", args)
+            stmt = ack_many_statement(q, leases)
 
             async def attempt() -> list[bool]:
                 gone = {row[0] for row in (await self.path.executor.execute(stmt)).rows}
@@ -373,8 +371,7 @@ class EventTransport:
             return [bool(await self._settled(lease, done_if_gone=True)) for lease in leases]
 
         done = await self.path.run("ack", attempt, resolve)
-        for lease, one in zip(leases, done, strict=True):
-            self._finish(lease, one, "ack")
+        self._finish(leases, done, "ack")
         return done
 
     async def nack(self, lease: Lease, delay: float = 0.0) -> bool:
@@ -400,7 +397,7 @@ class EventTransport:
             return bool((await self.path.execute(sql, *args)).rows)
 
         done = await self.path.run("nack", attempt, lambda: self._settled(lease, done_if_gone=False))
-        self._finish(lease, done, "nack")
+        self._finish([lease], [done], "nack")
         return done
 
     async def _settled(self, lease: Lease, *, done_if_gone: bool) -> bool | None:
@@ -413,25 +410,31 @@ class EventTransport:
             return None
         return not done_if_gone
 
-    def _finish(self, lease: Lease, done: bool, operation: str) -> None:
-        self.path.release(lease)
-        if not done:
+    def _finish(self, leases: Sequence[Lease], done: Sequence[bool], operation: str) -> None:
+        """Forget the leases settled and count them, once for the lot (a lost one is logged)."""
+        settled = 0
+        for lease, one in zip(leases, done, strict=True):
+            self.path.release(lease)
+            if one:
+                settled += 1
+                if self._groups is not None and operation == "ack":
+                    self._groups[lease.group_id] += 1
+                continue
             observability.record_lost_lease(operation)
             log.warning("lost lease", operation=operation, group_id=lease.group_id, seq=lease.seq)
             if self._report is not None:
                 self._report.lost += 1
+        if not settled:
             return
         if operation == "ack":
-            observability.ACKS.inc()
-            observability.EVENTS_HANDLED.inc()
+            observability.ACKS.inc(settled)
+            observability.EVENTS_HANDLED.inc(settled)
             if self._report is not None:
-                self._report.acks += 1
-            if self._groups is not None:
-                self._groups[lease.group_id] += 1
+                self._report.acks += settled
         else:
-            observability.NACKS.inc()
+            observability.NACKS.inc(settled)
             if self._report is not None:
-                self._report.nacks += 1
+                self._report.nacks += settled
 
     # ---- inspection and shutdown -----------------------------------------------------------------
 
@@ -710,12 +713,18 @@ class EventStore:
         return not rows
 
 
+def ack_many_statement(q: EdgeNames, leases: Sequence[Lease]) -> Stmt:
+    """One DELETE of the messages the leases (all with tokens) still hold. The `seq IN` list finds
+    them by primary key on any SQLite: 3.40's planner scans the whole queue for the row-value test alone."""
+    seqs = ", ".join(["?"] * len(leases))
+    pairs = ", ".join(["(?, ?)"] * len(leases))
+    args = (*(lease.seq for lease in leases), *(v for lease in leases for v in (lease.seq, lease.token)))
+    return Stmt(
+        f"DELETE FROM {q.messages} WHERE seq IN ({seqs}) AND (seq, locked_by) IN (VALUES {pairs}) RETURNING seq", args
+    )
+
+
 def _fence(lease: Lease) -> tuple[str, tuple]:
     if lease.token:
         return "seq = ? AND locked_by = ?", (lease.seq, lease.token)
     return "seq = ?", (lease.seq,)
-
-
-def lease_from_row(row: tuple, token: str) -> Lease:
-    seq, group_id, event = row[:3]
-    return Lease(int(seq), group_id, Event.model_validate(from_json(event, cache_strings=False)), token=token)

@@ -1,4 +1,4 @@
-"""A claim's work does not grow with the groups waiting, whatever it filters on.
+"""A claim's work (and an ack_many's) does not grow with the groups waiting, whatever it filters on.
 
 Work is counted, not timed: SQLite calls a progress handler every few virtual-machine
 instructions, so the count of calls while one claim statement runs (its triggers included)
@@ -12,9 +12,11 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
+from harel.engine.transport import Lease
 from harel.spec.states import Event
 
 from harel_edge import LibsqlTransport, Message
+from harel_edge.event_path import ack_many_statement
 from harel_edge.schema import EdgeNames
 from harel_edge.transport import claim_params, claim_sql
 
@@ -92,3 +94,34 @@ def test_a_claims_work_is_the_same_for_16_times_the_groups(queues, shape, in_fli
     small = work(queues[(SMALL, in_flight)], keys, floor)
     large = work(queues[(LARGE, in_flight)], keys, floor)
     assert large <= small * 1.5, f"{shape}: {small} at {SMALL} groups, {large} at {LARGE}"
+
+
+def ack_work(path: str) -> int:
+    """Progress-handler calls while `ack_many` of four fresh leases runs, rolled back after."""
+    db = sqlite3.connect(path, isolation_level=None)
+    calls = [0]
+
+    def count() -> int:
+        calls[0] += 1
+        return 0
+
+    try:
+        token, params = claim_params("w", 30, 0, (), 1010.0)
+        db.execute("BEGIN IMMEDIATE")
+        rows = db.execute(claim_sql(EdgeNames(), 0, many=True), (*params, 4)).fetchall()
+        stmt = ack_many_statement(EdgeNames(), [Lease(seq, group, Event(kind="x"), token) for seq, group, _ in rows])
+        db.set_progress_handler(count, 10)
+        acked = db.execute(stmt.sql, stmt.args).fetchall()
+        db.set_progress_handler(None, 0)
+        db.execute("ROLLBACK")
+        assert len(acked) == 4, "every lease was still held"
+        return calls[0]
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("in_flight", [False, True], ids=["all waiting", "half in flight"])
+def test_an_ack_many_does_the_same_work_for_16_times_the_messages_queued(queues, in_flight):
+    small = ack_work(queues[(SMALL, in_flight)])
+    large = ack_work(queues[(LARGE, in_flight)])
+    assert large <= small * 1.5, f"{small} at {SMALL} groups, {large} at {LARGE}"
