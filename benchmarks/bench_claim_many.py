@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=100)
     parser.add_argument("--per-group", type=int, default=20)
     parser.add_argument("--n", type=int, default=32, help="claim_many's n")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     observability.configure_logging(level="warning")
     rates: dict[str, list[float]] = {"harel": [], "one": [], "many": []}
