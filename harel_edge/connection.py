@@ -106,11 +106,27 @@ class EdgeConnection:
         if self.profile != "local" or self.settings.durability != "full" or self._raw is None or self.in_transaction:
             yield
             return
+        # Outside WAL (a file or VFS where WAL could not be enabled), NORMAL risks more than the lease.
+        if self._raw.execute("PRAGMA journal_mode").fetchall()[0][0] != "wal":
+            yield
+            return
         self._raw.execute("PRAGMA synchronous=NORMAL")
         try:
             yield
         finally:
+            self._restore_fsync()
+
+    def _restore_fsync(self) -> None:
+        """Back to full durability, whatever the commit left behind; a connection that cannot be
+        set back is replaced (a new one starts at full)."""
+        if self._raw is None:
+            return
+        try:
+            if self._raw.in_transaction:  # a failed commit that could not roll back
+                self._raw.execute("ROLLBACK")
             self._raw.execute("PRAGMA synchronous=FULL")
+        except Exception:  # noqa: BLE001 - never left at NORMAL: a fresh connection instead
+            self.reopen()
 
     def sync(self) -> None:
         """Pull the primary's changes into the embedded replica; nothing to do elsewhere."""

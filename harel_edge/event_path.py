@@ -38,6 +38,7 @@ log = structlog.get_logger("harel_edge.event_path")
 Clock = Callable[[], float]
 LeaseKey = tuple[int, str | None]
 MAX_ERROR_CHARS = 4000  # of a handling failure kept on its message and in its dead letter
+ACK_ROWS = 2000  # leases in one DELETE of `ack_many`: 3 parameters each, far below SQLite's 32,766
 
 
 class EventPath:
@@ -355,11 +356,14 @@ class EventTransport:
         if all(lease.token for lease in leases):
             # One statement for the lot: libsql prepares each statement anew, so one DELETE of
             # n fenced rows costs far less than n DELETEs.
-            stmt = ack_many_statement(q, leases)
+            chunks = [ack_many_statement(q, leases[i : i + ACK_ROWS]) for i in range(0, len(leases), ACK_ROWS)]
 
             async def attempt() -> list[bool]:
-                gone = {row[0] for row in (await self.path.executor.execute(stmt)).rows}
-                return [lease.seq in gone for lease in leases]
+                if len(chunks) == 1:
+                    results = [await self.path.executor.execute(chunks[0])]
+                else:
+                    results = await self.path.executor.transaction(chunks)
+                return _acked(leases, {(row[0], row[1]) for result in results for row in result.rows})
 
         else:
             stmts = [Stmt(f"DELETE FROM {q.messages} WHERE {_fence(lease)[0]} RETURNING seq", _fence(lease)[1]) for lease in leases]
@@ -720,8 +724,20 @@ def ack_many_statement(q: EdgeNames, leases: Sequence[Lease]) -> Stmt:
     pairs = ", ".join(["(?, ?)"] * len(leases))
     args = (*(lease.seq for lease in leases), *(v for lease in leases for v in (lease.seq, lease.token)))
     return Stmt(
-        f"DELETE FROM {q.messages} WHERE seq IN ({seqs}) AND (seq, locked_by) IN (VALUES {pairs}) RETURNING seq", args
+        f"DELETE FROM {q.messages} WHERE seq IN ({seqs}) AND (seq, locked_by) IN (VALUES {pairs}) RETURNING seq, locked_by",
+        args,
     )
+
+
+def _acked(leases: Sequence[Lease], gone: set[tuple[int, str]]) -> list[bool]:
+    """Each lease's answer from the (seq, token) pairs deleted: True once for each pair deleted;
+    False for a stale lease of a deleted seq, and for a lease given twice, the second time."""
+    answers = []
+    for lease in leases:
+        key = (lease.seq, lease.token)
+        answers.append(key in gone)
+        gone.discard(key)
+    return answers
 
 
 def _fence(lease: Lease) -> tuple[str, tuple]:

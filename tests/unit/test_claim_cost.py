@@ -97,7 +97,8 @@ def test_a_claims_work_is_the_same_for_16_times_the_groups(queues, shape, in_fli
 
 
 def ack_work(path: str) -> int:
-    """Progress-handler calls while `ack_many` of four fresh leases runs, rolled back after."""
+    """Progress-handler calls while `ack_many` of four fresh leases runs, rolled back after (on
+    Python's sqlite3: its SQLite 3.40 is a planner that scanned for the old statement)."""
     db = sqlite3.connect(path, isolation_level=None)
     calls = [0]
 

@@ -146,3 +146,64 @@ def test_the_sync_transport_claims_at_normal_and_leaves_its_connection_at_full(t
     assert lease is not None and transport.ack(lease)
     assert seen == [[(NORMAL,)]]
     assert execute("PRAGMA synchronous") == [(FULL,)]
+
+
+def test_a_commit_left_open_inside_skip_fsync_is_rolled_back_and_full_durability_restored(tmp_path):
+    connection = EdgeConnection(local(tmp_path))
+    try:
+        with pytest.raises(RuntimeError, match="the commit failed"), connection.skip_fsync():
+            connection.execute("BEGIN IMMEDIATE")
+            raise RuntimeError("the commit failed and could not roll back")
+        assert not connection.in_transaction
+        assert connection.execute("PRAGMA synchronous") == [(FULL,)]
+    finally:
+        connection.close()
+
+
+def test_a_database_not_in_wal_mode_never_skips_its_fsync(tmp_path):
+    connection = EdgeConnection(ExplicitSettings.load(profile="local", db_path=":memory:"))
+    try:
+        assert connection.execute("PRAGMA journal_mode") != [("wal",)]
+        with connection.skip_fsync():
+            assert connection.execute("PRAGMA synchronous") == [(FULL,)]
+    finally:
+        connection.close()
+
+
+def test_ack_many_answers_a_stale_lease_and_a_repeated_one_false(tmp_path):
+    settings = local(tmp_path)
+    prepare_database(settings)
+    publisher = LibsqlTransport(settings=settings)
+    publisher.publish("a", Event(kind="one"))
+    publisher.publish("b", Event(kind="two"))
+
+    async def main():
+        executor = LocalExecutor(settings)
+        transport = EventTransport(EventPath(executor, settings))
+        try:
+            a, b = await transport.claim_many("w", 30, 2)
+            stale = type(a)(a.seq, a.group_id, a.event, token="w#not-this-claim")
+            return await transport.ack_many([a, stale, b, b])
+        finally:
+            await executor.aclose()
+
+    assert asyncio.run(main()) == [True, False, True, False]
+
+
+def test_ack_many_of_more_leases_than_one_statement_holds_acks_every_one(tmp_path, monkeypatch):
+    monkeypatch.setattr("harel_edge.event_path.ACK_ROWS", 3)
+    settings = local(tmp_path)
+    prepare_database(settings)
+    LibsqlTransport(settings=settings).publish_many([(f"g{i}", Event(kind="go")) for i in range(7)])
+
+    async def main():
+        executor = LocalExecutor(settings)
+        transport = EventTransport(EventPath(executor, settings))
+        try:
+            leases = await transport.claim_many("w", 30, 7)
+            acked = await transport.ack_many(leases)
+            return len(leases), acked, await transport.depth()
+        finally:
+            await executor.aclose()
+
+    assert asyncio.run(main()) == (7, [True] * 7, 0)
