@@ -114,6 +114,14 @@ class Database:
         task.add_done_callback(self._let_go)
         return await asyncio.shield(task)
 
+    async def run_inline(self, work: Callable[..., T]) -> T:
+        """`run` on the loop's thread, for work that never waits (the executor's lone unit):
+        libsql holds the GIL for all of a call, so a thread would only add a hand-off."""
+        async with self.guard:
+            if self.closed or self.connection is None:
+                raise DatabaseClosedError(_CLOSED)
+            return work(self.connection)
+
     async def _on_stream(self, work: Callable[..., T], args: tuple) -> T:
         connection = StreamConnection(self.settings, self.executor, asyncio.get_running_loop())
         try:

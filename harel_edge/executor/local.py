@@ -36,9 +36,9 @@ class LocalExecutor(ClosesOnce):
         runner: Any = None,
         connection: EdgeConnection | None = None,
     ) -> None:
-        """`runner`: an object whose `async run(work)` calls `work(connection)` with nobody else
-        in that connection (the durable `Database`); else `connection` (its owner closes it) on
-        a thread of this executor's, else a connection of its own."""
+        """`runner`: an object whose `async run(work)` (on a thread) and `async run_inline(work)`
+        call `work(connection)` with nobody else in that connection (the durable `Database`);
+        else `connection` (its owner closes it), else a connection of its own."""
         self.settings = settings
         self._runner = runner
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harel-edge-local")
@@ -89,10 +89,7 @@ class LocalExecutor(ClosesOnce):
                 units = self._queue[: self._max_units]
                 del self._queue[: len(units)]
                 try:
-                    if self._runner is not None:
-                        outcomes = await self._runner.run(lambda connection, units=units: self._run(connection, units))
-                    else:
-                        outcomes = await loop.run_in_executor(self._thread, self._run_here, units)
+                    outcomes = await self._send(loop, units)
                 except Exception as exc:  # noqa: BLE001 - the shared commit failed: every unit did
                     outcomes = [exc] * len(units)
                 for unit, outcome in zip(units, outcomes, strict=True):
@@ -104,6 +101,17 @@ class LocalExecutor(ClosesOnce):
                         unit.future.set_result(outcome)
         finally:
             self._draining = False
+
+    async def _send(self, loop: asyncio.AbstractEventLoop, units: list[_Unit]) -> list[Any]:
+        """A lone unit on the loop's thread: libsql holds the GIL for all of a call, so a thread
+        would only add a hand-off. Several on a thread, where the loop runs between the driver's
+        calls (docs/executor.md, "A local file: which units go to a thread")."""
+        if self._runner is not None:
+            work = lambda connection: self._run(connection, units)  # noqa: E731
+            return await (self._runner.run_inline(work) if len(units) == 1 else self._runner.run(work))
+        if len(units) == 1:
+            return self._run_here(units)
+        return await loop.run_in_executor(self._thread, self._run_here, units)
 
     def _run_here(self, units: list[_Unit]) -> list[Any]:
         if self._connection is None:
