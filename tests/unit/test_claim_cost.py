@@ -55,25 +55,31 @@ def queue(path, groups: int, in_flight: bool) -> str:
     return str(path)
 
 
-def work(path: str, keys: tuple[str, ...], floor: int) -> int:
-    """Progress-handler calls (every 10 instructions) while one claim runs, rolled back after."""
-    db = sqlite3.connect(path, isolation_level=None)
+def counted(db: sqlite3.Connection, sql: str, args: tuple) -> tuple[list, int]:
+    """The statement's rows, and the progress-handler calls (every 10 instructions) it took."""
     calls = [0]
 
     def count() -> int:
         calls[0] += 1
         return 0
 
+    db.set_progress_handler(count, 10)
+    try:
+        return db.execute(sql, args).fetchall(), calls[0]
+    finally:
+        db.set_progress_handler(None, 0)
+
+
+def work(path: str, keys: tuple[str, ...], floor: int) -> int:
+    """The work of one claim of four, rolled back after."""
+    db = sqlite3.connect(path, isolation_level=None)
     try:
         _token, params = claim_params("w", 30, floor, keys, 1010.0)
-        sql = claim_sql(EdgeNames(), len(keys), many=True)
         db.execute("BEGIN IMMEDIATE")
-        db.set_progress_handler(count, 10)
-        rows = db.execute(sql, (*params, 4)).fetchall()
-        db.set_progress_handler(None, 0)
+        rows, steps = counted(db, claim_sql(EdgeNames(), len(keys), many=True), (*params, 4))
         db.execute("ROLLBACK")
         assert len(rows) == 4, "the claim found groups to lease"
-        return calls[0]
+        return steps
     finally:
         db.close()
 
@@ -97,26 +103,18 @@ def test_a_claims_work_is_the_same_for_16_times_the_groups(queues, shape, in_fli
 
 
 def ack_work(path: str) -> int:
-    """Progress-handler calls while `ack_many` of four fresh leases runs, rolled back after (on
-    Python's sqlite3: its SQLite 3.40 is a planner that scanned for the old statement)."""
+    """The work of `ack_many` of four fresh leases, rolled back after (on Python's sqlite3: its
+    SQLite 3.40 is a planner that scanned for the old statement)."""
     db = sqlite3.connect(path, isolation_level=None)
-    calls = [0]
-
-    def count() -> int:
-        calls[0] += 1
-        return 0
-
     try:
         token, params = claim_params("w", 30, 0, (), 1010.0)
         db.execute("BEGIN IMMEDIATE")
         rows = db.execute(claim_sql(EdgeNames(), 0, many=True), (*params, 4)).fetchall()
         stmt = ack_many_statement(EdgeNames(), [Lease(seq, group, Event(kind="x"), token) for seq, group, _ in rows])
-        db.set_progress_handler(count, 10)
-        acked = db.execute(stmt.sql, stmt.args).fetchall()
-        db.set_progress_handler(None, 0)
+        acked, steps = counted(db, stmt.sql, stmt.args)
         db.execute("ROLLBACK")
         assert len(acked) == 4, "every lease was still held"
-        return calls[0]
+        return steps
     finally:
         db.close()
 
