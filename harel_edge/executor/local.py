@@ -107,9 +107,12 @@ class LocalExecutor(ClosesOnce):
         would only add a hand-off. Several on a thread, where the loop runs between the driver's
         calls (docs/executor.md, "A local file: which units go to a thread")."""
         if self._runner is not None:
-            work = lambda connection: self._run(connection, units)  # noqa: E731
+
+            def work(connection: EdgeConnection) -> list[Any]:
+                return self._run(connection, units)
+
             return await (self._runner.run_inline(work) if len(units) == 1 else self._runner.run(work))
-        if len(units) == 1:
+        if len(units) == 1 and self._connection is not None:  # opening (with its retries) is for the thread
             return self._run_here(units)
         return await loop.run_in_executor(self._thread, self._run_here, units)
 
@@ -119,7 +122,7 @@ class LocalExecutor(ClosesOnce):
         return self._run(self._connection, units)
 
     def _run(self, connection: EdgeConnection, units: list[_Unit]) -> list[Any]:
-        """On the connection's thread: one commit, skipping its fsync when every unit in it is
+        """One commit of `units` on `connection`, skipping its fsync when every unit in it is
         volatile (see `EdgeConnection.skip_fsync`)."""
         raw = connection.raw
         self.exchanges += 1
