@@ -110,8 +110,8 @@ class EdgeConnection:
         if self._raw.execute("PRAGMA journal_mode").fetchall()[0][0] != "wal":
             yield
             return
-        self._raw.execute("PRAGMA synchronous=NORMAL")
-        try:
+        try:  # an interrupt just after NORMAL is set still restores FULL
+            self._raw.execute("PRAGMA synchronous=NORMAL")
             yield
         finally:
             self._restore_fsync()

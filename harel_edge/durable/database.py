@@ -24,7 +24,8 @@ _CLOSED = "this durable Database was closed: open a new one with harel_edge.dura
 class Database:
     """What `LibsqlCheckpointer` and `LibsqlScheduler` share: one executor, and `run` for connection work.
 
-    `Database(connection)` is a local file used on a thread; `Database(settings=...)` speaks Hrana.
+    `Database(connection)` is a local file (its work on a thread, or inline when short);
+    `Database(settings=...)` speaks Hrana.
     """
 
     def __init__(self, connection: EdgeConnection | None = None, *, settings: EdgeSettings | None = None) -> None:

@@ -15,6 +15,10 @@ from harel_edge.connection import EdgeConnection
 from harel_edge.executor import ClosesOnce, ExecutorClosedError, Result, StatementError, Stmt
 from harel_edge.settings import EdgeSettings
 
+# A lone unit of more statements than this (a large publish) goes to the thread, so that the
+# event loop runs between them; a unit of a few short statements is faster without the hand-off.
+INLINE_STATEMENTS = 16
+
 
 @dataclass
 class _Unit:
@@ -49,6 +53,7 @@ class LocalExecutor(ClosesOnce):
         self._queue: list[_Unit] = []
         self._draining = False
         self._drain_task: asyncio.Task | None = None
+        self._on_thread: asyncio.Future | None = None  # the commit running on the thread, if any
         self.exchanges = 0  # commits made, for benchmarks and tests
         self.last_replication_index = None
 
@@ -92,29 +97,32 @@ class LocalExecutor(ClosesOnce):
                     outcomes = await self._send(loop, units)
                 except Exception as exc:  # noqa: BLE001 - the shared commit failed: every unit did
                     outcomes = [exc] * len(units)
-                for unit, outcome in zip(units, outcomes, strict=True):
-                    if unit.future.done():
-                        continue
-                    if isinstance(outcome, Exception):
-                        unit.future.set_exception(outcome)
-                    else:
-                        unit.future.set_result(outcome)
+                _settle(units, outcomes)
         finally:
             self._draining = False
 
     async def _send(self, loop: asyncio.AbstractEventLoop, units: list[_Unit]) -> list[Any]:
-        """A lone unit on the loop's thread: libsql holds the GIL for all of a call, so a thread
-        would only add a hand-off. Several on a thread, where the loop runs between the driver's
-        calls (docs/executor.md, "A local file: which units go to a thread")."""
+        """A lone, short unit on the loop's thread: libsql holds the GIL for all of a call, so a
+        thread would only add a hand-off. Anything more on a thread, where the loop runs between
+        the driver's calls (docs/executor.md, "A local file: which units go to a thread")."""
+        inline = len(units) == 1 and len(units[0].stmts) <= INLINE_STATEMENTS
         if self._runner is not None:
 
             def work(connection: EdgeConnection) -> list[Any]:
                 return self._run(connection, units)
 
-            return await (self._runner.run_inline(work) if len(units) == 1 else self._runner.run(work))
-        if len(units) == 1 and self._connection is not None:  # opening (with its retries) is for the thread
+            return await (self._runner.run_inline(work) if inline else self._runner.run(work))
+        if self._on_thread is not None and not self._on_thread.done():
+            # A commit that a cancelled drain left running on the thread: nothing runs beside it.
+            await asyncio.wait([self._on_thread])
+        if inline and self._connection is not None:  # opening (with its retries) is for the thread
             return self._run_here(units)
-        return await loop.run_in_executor(self._thread, self._run_here, units)
+        self._on_thread = on_thread = loop.run_in_executor(self._thread, self._run_here, units)
+        try:
+            return await asyncio.shield(on_thread)
+        except asyncio.CancelledError:  # the drain was cancelled: its units still get their answers
+            on_thread.add_done_callback(lambda done: _settle(units, _outcomes(done, len(units))))
+            raise
 
     def _run_here(self, units: list[_Unit]) -> list[Any]:
         if self._connection is None:
@@ -157,6 +165,26 @@ class LocalExecutor(ClosesOnce):
                 raw.execute("ROLLBACK")
             raise
         return [o if isinstance(o, Exception) or not unit.single else o[0] for o, unit in zip(outcomes, units, strict=True)]
+
+
+def _settle(units: list[_Unit], outcomes: list[Any]) -> None:
+    for unit, outcome in zip(units, outcomes, strict=True):
+        if unit.future.done():
+            continue
+        if isinstance(outcome, Exception):
+            unit.future.set_exception(outcome)
+        else:
+            unit.future.set_result(outcome)
+
+
+def _outcomes(done: asyncio.Future, count: int) -> list[Any]:
+    """A finished commit's outcomes, or its error for each of its `count` units."""
+    if done.cancelled():
+        return [ExecutorClosedError("the commit was cancelled")] * count
+    error = done.exception()
+    if error is not None:
+        return [error if isinstance(error, Exception) else RuntimeError(str(error))] * count
+    return done.result()
 
 
 def _run_alone(raw: Any, unit: _Unit) -> Any:
