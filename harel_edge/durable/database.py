@@ -119,7 +119,7 @@ class Database:
         """`run` on the loop's thread, for work that never waits (the executor's lone unit):
         libsql holds the GIL for all of a call, so a thread would only add a hand-off."""
         async with self.guard:
-            if self.closed or self.connection is None:
+            if self.closed:
                 raise DatabaseClosedError(_CLOSED)
             return work(self.connection)
 
