@@ -44,11 +44,10 @@ MAX_SYNC_INTERVAL = 3600.0
 
 log = logging.getLogger("harel_edge.settings")
 
-# HAREL_EDGE_* variables that are not settings but are read elsewhere: the metrics server's
-# address (observability), the test fixtures' sqld (harel_edge.testing), compose's scripts.
+# HAREL_EDGE_* variables that are not settings but are read elsewhere: the test fixtures' sqld
+# (harel_edge.testing), compose's scripts.
 OTHER_VARIABLES = frozenset(
     {
-        "HAREL_EDGE_METRICS_ADDR",
         "HAREL_EDGE_SQLD_BACKEND",
         "HAREL_EDGE_SQLD_BINARY",
         "HAREL_EDGE_REQUIRE_SQLD",

@@ -210,7 +210,6 @@ def test_the_variables_harel_edge_reads_are_not_warned_about(monkeypatch, warnin
     load(
         monkeypatch,
         HAREL_EDGE_VISIBILITY="12",
-        HAREL_EDGE_METRICS_ADDR="0.0.0.0",
         HAREL_EDGE_SQLD_BACKEND="binary",
         HAREL_EDGE_KEYS_DIR="/keys",
         HAREL_LIBSQL_DB="q.db",
