@@ -14,7 +14,6 @@ from harel_edge.durable.database import Database, connect, migrate
 from harel_edge.durable.durable import LibsqlDurable, SeparateDatabasesError
 from harel_edge.durable.scheduler import LibsqlScheduler
 from harel_edge.durable.types import (
-    BUSY_TIMEOUT,
     JSON,
     LEASE,
     POLL,
@@ -30,7 +29,6 @@ from harel_edge.durable.types import (
 )
 
 __all__ = [
-    "BUSY_TIMEOUT",
     "JSON",
     "LEASE",
     "POLL",

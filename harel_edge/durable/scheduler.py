@@ -11,30 +11,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from harel_edge.durable.database import Database, migrate
+from harel_edge.durable.database import Database
 from harel_edge.durable.types import LEASE, POLL, Delivery, to_seconds
 from harel_edge.executor import Stmt
 from harel_edge.ids import refuse_nul
 from harel_edge.schema import QUEUE_BUMP, now_or, now_table
-
-# The next generation of a row: see schema.QUEUE_BUMP.
-_BUMP = QUEUE_BUMP
 
 # A wakeup bumps the generation even when it leaves the visibility as it was (already due, or
 # asked for later than a worker's lease ends), so the pass out with a worker never drops it.
 _MAKE_READY = f"""
 INSERT INTO workflow_queue (namespace, workflow, visible_at) VALUES (?1, ?2, {now_or('?3')})
 ON CONFLICT (namespace, workflow) DO UPDATE SET
-    visible_at = MIN(visible_at, excluded.visible_at), generation = {_BUMP}
+    visible_at = MIN(visible_at, excluded.visible_at), generation = {QUEUE_BUMP}
 """
 
 _SCHEDULE = f"""
 INSERT INTO workflow_queue (namespace, workflow, visible_at) VALUES (?1, ?2, ?3)
-ON CONFLICT (namespace, workflow) DO UPDATE SET visible_at = excluded.visible_at, generation = {_BUMP}
+ON CONFLICT (namespace, workflow) DO UPDATE SET visible_at = excluded.visible_at, generation = {QUEUE_BUMP}
 """
 
 _TAKE = f"""
-UPDATE workflow_queue SET visible_at = t.now + ?2, generation = {_BUMP}
+UPDATE workflow_queue SET visible_at = t.now + ?2, generation = {QUEUE_BUMP}
 FROM {now_table('?3')}
 WHERE namespace = ?1 AND workflow = (
     SELECT workflow FROM workflow_queue WHERE namespace = ?1 AND visible_at <= t.now
@@ -108,10 +105,6 @@ class LibsqlScheduler:
         """Tell this process's waiting `next_ready` that something may have become ready."""
         self._ready.set()
 
-    async def prepare(self) -> None:
-        """Create the tables (every worker does this at start; all but the first find them)."""
-        await migrate(self.database)
-
     async def make_ready(self, workflow: str, when: datetime | None = None) -> None:
         """Ask for a pass of the workflow now (or no later than `when`).
 
@@ -135,14 +128,6 @@ class LibsqlScheduler:
         """
         at = to_seconds(when)
         await self.database.execute("durable.wake_at", _WAKE_AT, (*self._receipt(delivery), at))
-
-    async def wake_due(self, now: datetime) -> tuple[str, ...]:
-        """Nothing to do: a sleeping workflow becomes visible by itself when its time comes."""
-        return ()
-
-    async def reclaim(self, idle: timedelta) -> Delivery | None:
-        """Nothing to do: a workflow whose worker vanished becomes visible when its lease ends."""
-        return None
 
     async def next_ready(self, within: timedelta) -> Delivery | None:
         """Take the next visible workflow, waiting up to `within` for one; None if none came.

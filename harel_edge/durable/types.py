@@ -8,11 +8,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Generic, NewType, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from harel_edge.errors import HarelEdgeError
-
-Milliseconds = NewType("Milliseconds", int)
 
 # How long a delivery stays invisible to other workers after `next_ready` hands it out. A pass
 # that runs longer keeps it with `extend`; a worker that dies gives it back when this runs out.
@@ -20,8 +18,6 @@ LEASE = timedelta(seconds=30)
 # How often `next_ready` looks at the table when nothing told it something became ready. It is
 # the floor under how soon work started by another process is noticed.
 POLL = timedelta(seconds=1)
-# How long a local writer waits for the file's write lock before failing.
-BUSY_TIMEOUT = Milliseconds(5000)
 
 # Keys under which `append` files inbox entries. Reserved: a step must not be named like this.
 INBOX = "inbox/"

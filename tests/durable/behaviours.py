@@ -443,7 +443,7 @@ async def sleepers_and_abandoned_work_need_no_sweeping(s: Stores) -> None:
     taken = await s.scheduler.next_ready(NOW)
     assert taken is not None and taken.workflow == abandoned  # ...and its worker vanishes
     assert await s.scheduler.next_ready(NOW) is None  # one asleep, one out with a worker
-    # From here on nothing sweeps: no wake_due, no reclaim. Each comes back by its own time.
+    # Nothing sweeps from here on: each comes back by its own time.
     s.clock.advance(seconds=61)  # past the lease (60 s)
     again = await s.scheduler.next_ready(NOW)
     assert again is not None and again.workflow == abandoned, "abandoned work is visible after its lease"
@@ -452,9 +452,6 @@ async def sleepers_and_abandoned_work_need_no_sweeping(s: Stores) -> None:
     s.clock.advance(hours=1)
     woke = await s.scheduler.next_ready(NOW)
     assert woke is not None and woke.workflow == sleeper, "a sleeper is visible when its time comes"
-    # The sweeps a sweeping scheduler would need are there for the interface, and do nothing.
-    assert await s.scheduler.wake_due(s.clock.current) == ()
-    assert await s.scheduler.reclaim(timedelta(seconds=1)) is None
 
 
 async def next_ready_wakes_at_once_on_a_wakeup_made_in_this_process(s: Stores) -> None:
