@@ -1,6 +1,7 @@
 """A file on this machine: units of work queued together share one commit, so one fsync.
 
-Each unit has a savepoint of its own, so one that fails is undone alone (docs/executor.md).
+Each unit has a savepoint of its own, so one that fails is undone alone, even one that rolls
+back the whole transaction (the others commit without it: docs/executor.md).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from harel_edge.settings import EdgeSettings
 # A lone unit of more statements than this (a large publish) goes to the thread, so that the
 # event loop runs between them; a unit of a few short statements is faster without the hand-off.
 INLINE_STATEMENTS = 16
+_SAVEPOINT = "harel_edge_unit"  # a name a unit's own savepoints are unlikely to take
 
 
 @dataclass
@@ -142,29 +144,45 @@ class LocalExecutor(ClosesOnce):
 
     def _commit(self, raw: Any, units: list[_Unit]) -> list[Any]:
         """One transaction, a savepoint a unit (a lone unit needs none, and a lone statement is
-        its own transaction: fewer statements, same commit)."""
+        its own transaction: fewer statements, same commit). A unit that ends the transaction
+        itself (`INSERT OR ROLLBACK`, `RAISE(ROLLBACK)`) gets its error; the others go again without it."""
         if len(units) == 1:
             return [_run_alone(raw, units[0])]
+        ended: dict[int, StatementError] = {}  # units that rolled back the whole transaction
+        while True:
+            outcomes = self._try_commit(raw, units, ended)
+            if outcomes is not None:
+                return [o if isinstance(o, Exception) or not u.single else o[0] for o, u in zip(outcomes, units, strict=True)]
+
+    def _try_commit(self, raw: Any, units: list[_Unit], ended: dict[int, StatementError]) -> list[Any] | None:
+        """The units not in `ended`, committed together; None (with `ended` grown by one) when a
+        unit rolled the transaction back, undoing the units before it."""
         raw.execute("BEGIN IMMEDIATE")
         outcomes: list[Any] = []
         try:
-            for unit in units:
-                raw.execute("SAVEPOINT unit")
+            for index, unit in enumerate(units):
+                if index in ended:
+                    outcomes.append(ended[index])
+                    continue
+                raw.execute(f"SAVEPOINT {_SAVEPOINT}")
                 try:
                     results = [_run_one(raw, stmt, step) for step, stmt in enumerate(unit.stmts)]
+                except _RolledBack as exc:
+                    ended[index] = exc.error
+                    return None
                 except StatementError as exc:
-                    raw.execute("ROLLBACK TO unit")
-                    raw.execute("RELEASE unit")
+                    raw.execute(f"ROLLBACK TO {_SAVEPOINT}")
+                    raw.execute(f"RELEASE {_SAVEPOINT}")
                     outcomes.append(exc)
                     continue
-                raw.execute("RELEASE unit")
+                raw.execute(f"RELEASE {_SAVEPOINT}")
                 outcomes.append(results)
             raw.execute("COMMIT")
         except BaseException:
             if raw.in_transaction:
                 raw.execute("ROLLBACK")
             raise
-        return [o if isinstance(o, Exception) or not unit.single else o[0] for o, unit in zip(outcomes, units, strict=True)]
+        return outcomes
 
 
 def _settle(units: list[_Unit], outcomes: list[Any]) -> None:
@@ -197,6 +215,8 @@ def _run_alone(raw: Any, unit: _Unit) -> Any:
     try:
         results = [_run_one(raw, stmt, step) for step, stmt in enumerate(unit.stmts)]
         raw.execute("COMMIT")
+    except _RolledBack as exc:
+        return exc.error
     except StatementError as exc:
         raw.execute("ROLLBACK")
         return exc
@@ -213,14 +233,24 @@ def _run_one(raw: Any, stmt: Stmt, step: int) -> Result:
         cursor = raw.execute(stmt.sql, stmt.args)
         rows = cursor.fetchall() if cursor.description else []
     except Exception as exc:  # noqa: BLE001 - the database's own error, for this unit alone
-        if _aborts_transaction(exc, was_in_transaction and not raw.in_transaction):
-            raise
-        raise StatementError(str(exc), step=step) from None
+        if _locked(exc):
+            raise  # the commit as a whole is retried
+        error = StatementError(str(exc), step=step)
+        if was_in_transaction and not raw.in_transaction:
+            raise _RolledBack(error) from None
+        raise error from None
     return Result(rows=[tuple(r) for r in rows], affected=max(cursor.rowcount, 0), last_rowid=cursor.lastrowid)
 
 
-def _aborts_transaction(exc: Exception, rolled_back: bool) -> bool:
-    """Errors that fail every unit of the shared commit: SQLite rolled the whole transaction back,
-    or the file is locked (the commit as a whole is retried). Decided by the connection's state,
-    never by words a statement's own error may contain."""
-    return rolled_back or str(exc).lower().startswith(("database is locked", "database table is locked"))
+class _RolledBack(Exception):  # noqa: N818 - a signal inside this module, never seen outside
+    """A statement failed and SQLite rolled back the whole transaction with it (decided by the
+    connection's state, never by words a statement's own error may contain)."""
+
+    def __init__(self, error: StatementError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _locked(exc: Exception) -> bool:
+    """The file is locked by another connection: every unit of the commit is retried."""
+    return str(exc).lower().startswith(("database is locked", "database table is locked"))

@@ -1,0 +1,55 @@
+"""Units of work coalesced into one commit (local) or one request (sqld, replica) keep apart:
+a unit whose SQL ends the whole transaction fails alone, and every other unit is applied."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from harel_edge.executor import StatementError, Stmt, open_executor
+
+SETUP = [
+    "CREATE TABLE t (x INTEGER PRIMARY KEY)",
+    "INSERT INTO t VALUES (0)",
+    "CREATE TABLE refused (x)",
+    "CREATE TRIGGER refuse BEFORE INSERT ON refused BEGIN SELECT RAISE(ROLLBACK, 'refused by its trigger'); END",
+]
+ROLLS_BACK = {
+    "INSERT OR ROLLBACK": Stmt("INSERT OR ROLLBACK INTO t VALUES (0)"),
+    "a trigger's RAISE(ROLLBACK)": Stmt("INSERT INTO refused VALUES (1)"),
+}
+
+
+@pytest.mark.parametrize("alone", [False, True], ids=["in a transaction", "as a lone statement"])
+@pytest.mark.parametrize("bad", list(ROLLS_BACK))
+def test_a_unit_that_rolls_back_the_transaction_fails_alone_and_every_other_unit_of_its_commit_is_applied(edge, bad, alone):
+    settings = edge.settings(commit_linger=0.001)
+
+    async def main():
+        executor = open_executor(settings)
+        try:
+            for sql in SETUP:
+                await executor.execute(Stmt(sql))
+            before = executor.exchanges
+
+            def good(i: int):
+                return executor.transaction([Stmt("INSERT INTO t VALUES (?)", (i,)), Stmt("SELECT count(*) FROM t")])
+
+            units = [good(i) for i in range(1, 6)]
+            units.append(executor.execute(ROLLS_BACK[bad]) if alone else executor.transaction([Stmt("INSERT INTO t VALUES (100)"), ROLLS_BACK[bad]]))
+            units.extend(good(i) for i in range(6, 11))
+            answers = await asyncio.gather(*units, return_exceptions=True)
+            exchanges = executor.exchanges - before
+            rows = (await executor.execute(Stmt("SELECT x FROM t ORDER BY x"))).rows
+            return answers, exchanges, rows
+        finally:
+            await executor.aclose()
+
+    answers, exchanges, rows = asyncio.run(main())
+    failed = [i for i, answer in enumerate(answers) if isinstance(answer, BaseException)]
+    assert failed == [5], f"only the unit that rolled back failed: {answers!r}"
+    assert isinstance(answers[5], StatementError), f"its error is the statement's own: {answers[5]!r}"
+    assert rows == [(x,) for x in range(11)], "every other unit was applied, none of the bad one"
+    if edge.profile == "local":
+        assert exchanges == 1, "the eleven units shared one commit"
