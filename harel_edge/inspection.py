@@ -192,15 +192,6 @@ def open_read_only(path: str) -> sqlite3.Connection:
     return connection
 
 
-def quick_check(path: str) -> str:
-    """SQLite's `PRAGMA quick_check` on a local file, read-only: 'ok' or the first problems."""
-    connection = open_read_only(path)
-    try:
-        return integrity(runner(connection))
-    finally:
-        connection.close()
-
-
 # ---- may this user write it -------------------------------------------------------------------
 
 READ_ONLY_FIX = (
