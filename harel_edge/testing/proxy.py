@@ -54,13 +54,6 @@ class LatencyProxy:
             raise RuntimeError(f"the latency proxy failed {command[0]!r}: {value}")
         return value
 
-    def set_delay(self, delay: float) -> None:
-        """Change the one-way delay for data read from now on."""
-        if delay < 0:
-            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
-        self._ask("delay", delay)
-        self.delay = delay
-
     def cut(self) -> None:
         """Drop every open connection and refuse new ones until `heal()`."""
         self._ask("cut")
@@ -159,9 +152,7 @@ class _Proxy:
 
     def _apply(self, command: tuple) -> Any:
         name = command[0]
-        if name == "delay":
-            self.delay = float(command[1])
-        elif name == "cut":
+        if name == "cut":
             self.is_cut = True
             self._drop_all()
         elif name == "heal":
