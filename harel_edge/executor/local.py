@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -57,7 +58,6 @@ class LocalExecutor(ClosesOnce):
         self._drain_task: asyncio.Task | None = None
         self._on_thread: asyncio.Future | None = None  # the commit running on the thread, if any
         self.exchanges = 0  # commits made, for benchmarks and tests
-        self.last_replication_index = None
 
     def __repr__(self) -> str:
         return f"<LocalExecutor {self.settings.db_path}>"
@@ -88,48 +88,73 @@ class LocalExecutor(ClosesOnce):
         return future
 
     async def _drain(self) -> None:
+        """Commit what is queued until nothing is. Cancelled, it still answers the units it took,
+        sends those queued behind them, then ends cancelled: no caller is left waiting."""
         loop = asyncio.get_running_loop()
+        cancelled = False
         try:
             while self._queue:
-                if self._linger > 0 and len(self._queue) > 1:  # under load only: see HranaExecutor
-                    await asyncio.sleep(self._linger)
+                try:
+                    if self._linger > 0 and len(self._queue) > 1:  # under load only: see HranaExecutor
+                        await asyncio.sleep(self._linger)
+                except asyncio.CancelledError:
+                    cancelled = True
                 units = self._queue[: self._max_units]
                 del self._queue[: len(units)]
                 try:
-                    outcomes = await self._send(loop, units)
+                    await self._send(loop, units)
+                except asyncio.CancelledError:
+                    cancelled = True  # `_send` saw to these units' answers, or queued them again
                 except Exception as exc:  # noqa: BLE001 - the shared commit failed: every unit did
-                    outcomes = [exc] * len(units)
-                _settle(units, outcomes)
+                    _settle(units, [exc] * len(units))
         finally:
             self._draining = False
+        if cancelled:
+            raise asyncio.CancelledError
 
-    async def _send(self, loop: asyncio.AbstractEventLoop, units: list[_Unit]) -> list[Any]:
-        """A lone, short unit on the loop's thread: libsql holds the GIL for all of a call, so a
-        thread would only add a hand-off. Anything more on a thread, where the loop runs between
-        the driver's calls (docs/executor.md, "A local file: which units go to a thread")."""
+    async def _send(self, loop: asyncio.AbstractEventLoop, units: list[_Unit]) -> None:
+        """Commit `units` and answer them. A lone, short unit runs on the loop's thread: libsql holds
+        the GIL for all of a call, so a thread would only add a hand-off; anything more on a thread
+        (docs/executor.md, "A local file: which units go to a thread"). The commit answers its
+        units itself, so a cancelled drain strands none; cancelled before it starts, they are queued again."""
         inline = len(units) == 1 and len(units[0].stmts) <= INLINE_STATEMENTS
-        if self._runner is not None:
+        taken = _Once()
+        loop_thread = threading.get_ident()
 
-            def work(connection: EdgeConnection) -> list[Any]:
-                return self._run(connection, units)
+        def work(connection: EdgeConnection) -> None:
+            if not taken.take():
+                return  # given back to the queue by a cancelled drain
+            try:
+                outcomes = self._run(connection, units)
+            except Exception as exc:  # noqa: BLE001 - the shared commit failed: every unit did
+                outcomes = [exc] * len(units)
+            if threading.get_ident() == loop_thread:
+                _settle(units, outcomes)
+            else:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                    loop.call_soon_threadsafe(_settle, units, outcomes)
 
-            return await (self._runner.run_inline(work) if inline else self._runner.run(work))
-        if self._on_thread is not None and not self._on_thread.done():
-            # A commit that a cancelled drain left running on the thread: nothing runs beside it.
-            await asyncio.wait([self._on_thread])
-        if inline and self._connection is not None:  # opening (with its retries) is for the thread
-            return self._run_here(units)
-        self._on_thread = on_thread = loop.run_in_executor(self._thread, self._run_here, units)
         try:
-            return await asyncio.shield(on_thread)
-        except asyncio.CancelledError:  # the drain was cancelled: its units still get their answers
-            on_thread.add_done_callback(lambda done: _settle(units, _outcomes(done, len(units))))
+            if self._runner is not None:
+                await (self._runner.run_inline(work) if inline else self._runner.run(work))
+                return
+            if self._on_thread is not None and not self._on_thread.done():
+                # A commit that a cancelled drain left running on the thread: nothing runs beside it.
+                await asyncio.wait([self._on_thread])
+            if inline and self._connection is not None:  # opening (with its retries) is for the thread
+                work(self._connection)
+                return
+            self._on_thread = loop.run_in_executor(self._thread, self._run_here, work)
+            await asyncio.shield(self._on_thread)
+        except asyncio.CancelledError:
+            if taken.take():  # the commit never started: its units go first in the next one
+                self._queue[:0] = units
             raise
 
-    def _run_here(self, units: list[_Unit]) -> list[Any]:
+    def _run_here(self, work: Any) -> None:
         if self._connection is None:
             self._connection = EdgeConnection(self.settings)
-        return self._run(self._connection, units)
+        work(self._connection)
 
     def _run(self, connection: EdgeConnection, units: list[_Unit]) -> list[Any]:
         """One commit of `units` on `connection`, skipping its fsync when every unit in it is
@@ -185,6 +210,22 @@ class LocalExecutor(ClosesOnce):
         return outcomes
 
 
+class _Once:
+    """Who takes a commit, decided once across threads: its work, or the cancelled drain that
+    gives its units back to the queue."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._taken = False
+
+    def take(self) -> bool:
+        with self._lock:
+            if self._taken:
+                return False
+            self._taken = True
+            return True
+
+
 def _settle(units: list[_Unit], outcomes: list[Any]) -> None:
     for unit, outcome in zip(units, outcomes, strict=True):
         if unit.future.done():
@@ -193,16 +234,6 @@ def _settle(units: list[_Unit], outcomes: list[Any]) -> None:
             unit.future.set_exception(outcome)
         else:
             unit.future.set_result(outcome)
-
-
-def _outcomes(done: asyncio.Future, count: int) -> list[Any]:
-    """A finished commit's outcomes, or its error for each of its `count` units."""
-    if done.cancelled():
-        return [ExecutorClosedError("the commit was cancelled")] * count
-    error = done.exception()
-    if error is not None:
-        return [error if isinstance(error, Exception) else RuntimeError(str(error))] * count
-    return done.result()
 
 
 def _run_alone(raw: Any, unit: _Unit) -> Any:

@@ -83,7 +83,6 @@ class HranaExecutor(ClosesOnce):
         self._in_flight = 0
         self._tasks: set[asyncio.Task] = set()
         self.exchanges = 0  # HTTP exchanges sent, for benchmarks and tests
-        self.last_replication_index: int | None = None
 
     def __repr__(self) -> str:  # never the token
         return f"<HranaExecutor {self.where}>"
@@ -250,8 +249,6 @@ class HranaExecutor(ClosesOnce):
         index = raw.get("replication_index")
         if index is not None:
             index = int(index)
-            if self.last_replication_index is None or index > self.last_replication_index:
-                self.last_replication_index = index
         rowid = raw.get("last_insert_rowid")
         return Result(
             rows=[tuple(_decode(v) for v in row) for row in raw.get("rows", [])],
