@@ -354,8 +354,8 @@ def _fenced(workflow: str, token: int) -> str:
     )
 
 
-# ---- the work functions: module-level, so that on sqld and replica they run whole in the
-# Database's worker process, next to the connection (see harel_edge.durable.database) ----------
+# ---- the work `Database.call` runs on a thread: on a local file with its libsql connection,
+# remotely with a StreamConnection, one interactive Hrana stream (harel_edge.durable.database) ----
 
 
 def _transact(
