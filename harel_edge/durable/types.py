@@ -22,7 +22,6 @@ POLL = timedelta(seconds=1)
 # Keys under which `append` files inbox entries. Reserved: a step must not be named like this.
 INBOX = "inbox/"
 
-T = TypeVar("T")
 Encoded = TypeVar("Encoded")
 
 
