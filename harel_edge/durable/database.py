@@ -5,6 +5,8 @@ work that needs a connection of its own, one caller at a time (docs/executor.md)
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import os
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -108,7 +110,7 @@ class Database:
         try:
             if self.closed:
                 raise DatabaseClosedError(_CLOSED)
-            task = asyncio.ensure_future(asyncio.to_thread(work, self.connection, *args))
+            task = _on_thread(work, self.connection, *args)
         except BaseException:
             self.guard.release()
             raise
@@ -170,7 +172,7 @@ class Database:
                 self.guard.release()
                 return
             self.closed = True
-            task = asyncio.ensure_future(asyncio.to_thread(self.connection.close))
+            task = _on_thread(self.connection.close)
         except BaseException:
             self.guard.release()
             raise
@@ -237,6 +239,13 @@ class StreamConnection:
 
     def close(self) -> None:
         raise RuntimeError("close the Database with `await database.aclose()`")
+
+
+def _on_thread(work: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    """`asyncio.to_thread` as a plain future, not a task: `asyncio.run`'s cancelling of every task
+    at its end cannot mark it done (and let the connection go) while the thread still runs it."""
+    call = functools.partial(contextvars.copy_context().run, work, *args)
+    return asyncio.get_running_loop().run_in_executor(None, call)
 
 
 def execute_many(connection: Any, sql: str, rows: Iterable[tuple | list]) -> None:

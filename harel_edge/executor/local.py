@@ -71,7 +71,7 @@ class LocalExecutor(ClosesOnce):
         return await self._submit(list(stmts), single=False)
 
     async def _close(self) -> None:
-        if self._drain_task is not None:
+        while self._drain_task is not None and not self._drain_task.done():
             await asyncio.gather(self._drain_task, return_exceptions=True)
         if self._connection is not None and self._owns_connection:
             await asyncio.get_running_loop().run_in_executor(self._thread, self._connection.close)
@@ -83,32 +83,39 @@ class LocalExecutor(ClosesOnce):
         future = asyncio.get_running_loop().create_future()
         self._queue.append(_Unit(stmts, single, future, volatile))
         if not self._draining:
-            self._draining = True
-            self._drain_task = asyncio.create_task(self._drain())
+            self._start_drain()
         return future
+
+    def _start_drain(self) -> None:
+        self._draining = True
+        self._drain_task = asyncio.get_running_loop().create_task(self._drain())
+        self._drain_task.add_done_callback(self._drained)
+
+    def _drained(self, _task: asyncio.Task) -> None:
+        """A drain cancelled before it began leaves its units queued: another one sends them."""
+        self._draining = False
+        if self._queue:
+            self._start_drain()
 
     async def _drain(self) -> None:
         """Commit what is queued until nothing is. Cancelled, it still answers the units it took,
         sends those queued behind them, then ends cancelled: no caller is left waiting."""
         loop = asyncio.get_running_loop()
         cancelled = False
-        try:
-            while self._queue:
-                try:
-                    if self._linger > 0 and len(self._queue) > 1:  # under load only: see HranaExecutor
-                        await asyncio.sleep(self._linger)
-                except asyncio.CancelledError:
-                    cancelled = True
-                units = self._queue[: self._max_units]
-                del self._queue[: len(units)]
-                try:
-                    await self._send(loop, units)
-                except asyncio.CancelledError:
-                    cancelled = True  # `_send` saw to these units' answers, or queued them again
-                except Exception as exc:  # noqa: BLE001 - the shared commit failed: every unit did
-                    _settle(units, [exc] * len(units))
-        finally:
-            self._draining = False
+        while self._queue:
+            try:
+                if self._linger > 0 and len(self._queue) > 1:  # under load only: see HranaExecutor
+                    await asyncio.sleep(self._linger)
+            except asyncio.CancelledError:
+                cancelled = True
+            units = self._queue[: self._max_units]
+            del self._queue[: len(units)]
+            try:
+                await self._send(loop, units)
+            except asyncio.CancelledError:
+                cancelled = True  # `_send` saw to these units' answers, or queued them again
+            except Exception as exc:  # noqa: BLE001 - the shared commit failed: every unit did
+                _settle(units, [exc] * len(units))
         if cancelled:
             raise asyncio.CancelledError
 

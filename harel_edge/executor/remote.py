@@ -80,6 +80,7 @@ class HranaExecutor(ClosesOnce):
         self._slots = asyncio.Semaphore(max_requests)
         self._queue: list[_Unit] = []
         self._draining = False
+        self._drain_task: asyncio.Task | None = None
         self._in_flight = 0
         self._tasks: set[asyncio.Task] = set()
         self.exchanges = 0  # HTTP exchanges sent, for benchmarks and tests
@@ -116,46 +117,61 @@ class HranaExecutor(ClosesOnce):
         future = asyncio.get_running_loop().create_future()
         self._queue.append(_Unit(request, future, statements))
         if not self._draining:
-            self._draining = True
-            self._spawn(self._drain())
+            self._start_drain()
         return future
 
-    def _spawn(self, coro: Any) -> None:
+    def _start_drain(self) -> None:
+        self._draining = True
+        self._drain_task = self._spawn(self._drain())
+        self._drain_task.add_done_callback(self._drained)
+
+    def _drained(self, _task: asyncio.Task) -> None:
+        """A drain cancelled before it began leaves its units queued: another one sends them."""
+        self._draining = False
+        if self._queue:
+            self._start_drain()
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _drain(self) -> None:
-        """Start exchanges while units wait, at most `max_requests` at once."""
-        try:
-            while self._queue:
+        """Start exchanges while units wait, at most `max_requests` at once. Cancelled, it still
+        sends what is queued (its callers wait for it), then ends cancelled."""
+        cancelled = False
+        while self._queue:
+            try:
                 await self._slots.acquire()
-                try:
-                    # Linger only under load (other units waiting or in flight): a lone caller
-                    # is sent at once, and concurrent events get time to join one exchange.
-                    if self._linger > 0 and (len(self._queue) > 1 or self._in_flight > 0):
-                        await asyncio.sleep(self._linger)
-                    units = self._queue[: self._max_units]
-                    del self._queue[: len(units)]
-                except BaseException:
-                    self._slots.release()
-                    raise
-                self._spawn(self._exchange(units))
-        finally:
-            self._draining = False
+            except asyncio.CancelledError:
+                cancelled = True
+                continue
+            try:
+                # Linger only under load (other units waiting or in flight): a lone caller
+                # is sent at once, and concurrent events get time to join one exchange.
+                if self._linger > 0 and (len(self._queue) > 1 or self._in_flight > 0):
+                    await asyncio.sleep(self._linger)
+            except asyncio.CancelledError:
+                cancelled = True
+            units = self._queue[: self._max_units]
+            del self._queue[: len(units)]
+            self._spawn(self._exchange(units))
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def _exchange(self, units: list[_Unit]) -> None:
         self._in_flight += 1
         try:
             results = await self._post([u.request for u in units])
         except BaseException as exc:
+            error = exc if isinstance(exc, Exception) else PrimaryUnavailableError(
+                f"the request to the primary at {self.where} was cancelled in flight; its outcome "
+                "is unknown and is looked up before any retry"
+            )
             for unit in units:
-                if unit.future.done():
-                    continue
-                if isinstance(exc, Exception):
-                    unit.future.set_exception(exc)
-                else:
-                    unit.future.cancel()
+                if not unit.future.done():
+                    unit.future.set_exception(error)
             if not isinstance(exc, Exception):
                 raise
             return
