@@ -21,8 +21,8 @@ from pathlib import Path
 from harel.spec.states import Event
 
 from harel_edge import observability
+from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
-from harel_edge.transport import LibsqlTransport, Message
 
 KEYS = ("eu", "us", "ap", "af")
 ROWS = [

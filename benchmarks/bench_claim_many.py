@@ -21,10 +21,9 @@ from harel.engine.transport import SqliteTransport
 from harel.spec.states import Event
 
 from harel_edge import observability
-from harel_edge.event_path import EventPath, EventTransport
 from harel_edge.executor import open_executor
+from harel_edge.queue import EventPath, EventTransport, LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
-from harel_edge.transport import LibsqlTransport, Message
 
 
 def harel_rate(db: Path, groups: int, per_group: int) -> float:

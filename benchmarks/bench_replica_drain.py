@@ -26,8 +26,8 @@ from pathlib import Path
 
 from harel.spec.states import Event
 
+from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
-from harel_edge.transport import LibsqlTransport, Message
 
 PROCESSES = 3
 
@@ -51,8 +51,8 @@ def drain_harel(url: str, token: str, db: str, prefix: str, start, done) -> None
 
 
 def drain_edge(url: str, token: str, db: str, prefix: str, n: int, start, done) -> None:  # noqa: ANN001
-    from harel_edge.event_path import EventPath, EventTransport  # noqa: PLC0415
     from harel_edge.executor import open_executor  # noqa: PLC0415
+    from harel_edge.queue import EventPath, EventTransport  # noqa: PLC0415
 
     settings = ExplicitSettings.load(profile="replica", db_path=db, sync_url=url, auth_token=token, prefix=prefix)
 

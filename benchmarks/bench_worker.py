@@ -36,9 +36,9 @@ from harel_edge import observability
 from harel_edge.connection import EdgeConnection
 from harel_edge.executor import Stmt, open_executor
 from harel_edge.migration import prepare_database
+from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
-from harel_edge.transport import LibsqlTransport, Message
 from harel_edge.worker import WorkerOptions, run_worker
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "harel_edge" / "examples"

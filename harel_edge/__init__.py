@@ -1,7 +1,6 @@
 """harel_edge: harel's durable statecharts and workflows on libSQL/Turso, at the edge. Nothing
 reads the environment at import: settings are read by `EdgeSettings.load()` or `from_settings()`."""
 
-from harel_edge.aio_transport import AsyncLibsqlTransport
 from harel_edge.connection import EdgeConnection, connect
 from harel_edge.errors import (
     AuthError,
@@ -13,9 +12,9 @@ from harel_edge.errors import (
     SchemaError,
     SchemaTooNewError,
 )
+from harel_edge.queue import AsyncLibsqlTransport, LibsqlTransport, Message
 from harel_edge.schema import SCHEMA_VERSION
 from harel_edge.settings import EdgeSettings
-from harel_edge.transport import LibsqlTransport, Message
 
 __version__ = "0.1.0"
 

@@ -1,5 +1,5 @@
-"""An event loop on a thread of its own, so sync code (the CLI, a user's script) can use the
-async event path, whose statements go through the profile's executor, one call at a time."""
+"""The one sync bridge: an event loop on a thread of its own, so sync code (harel's sync worker,
+the CLI, a user's script) runs the async core, whose statements go through the profile's executor."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ import asyncio
 import concurrent.futures
 import os
 import threading
+import weakref
 from collections.abc import Coroutine
 from typing import Any, TypeVar
+
+from harel_edge.executor import ExecutorClosedError
 
 T = TypeVar("T")
 
@@ -27,10 +30,10 @@ class LoopThread:
         its end before this returns, so the caller never shares a connection with it."""
         if os.getpid() != self._pid:
             coro.close()
-            raise RuntimeError("this store was opened in another process (before a fork): open a new one here")
+            raise RuntimeError("this object was opened in another process (before a fork): open a new one here")
         if self._loop.is_closed():
             coro.close()
-            raise RuntimeError("this store was closed: open a new one")
+            raise RuntimeError("this object was closed: open a new one")
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return future.result()
@@ -46,3 +49,48 @@ class LoopThread:
         self._thread.join(30)
         if not self._thread.is_alive():
             self._loop.close()
+
+
+class SyncFace:
+    """What every sync face shares: an async core opened on a loop thread of its own, each call
+    run there (so one face is safe from many threads), and a close that a dropped face still gets."""
+
+    _core: Any = None
+
+    def _start(self, name: str, opener: Coroutine[Any, Any, Any]) -> Any:
+        self._loop = LoopThread(name)
+        self._finalizer = weakref.finalize(self, self._loop.stop)
+        try:
+            self._core = self._loop.call(opener)
+        except BaseException:
+            self._finalizer()
+            raise
+        return self._core
+
+    @property
+    def core(self) -> Any:
+        """The async object this face runs, for code that mixes sync and async callers."""
+        return self._core
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._core is None:
+            coro.close()
+            raise ExecutorClosedError(f"this {type(self).__name__} was closed: open a new one to go on")
+        return self._loop.call(coro)
+
+    def close(self) -> None:
+        """Send what is queued, close the connections and stop the loop thread; idempotent."""
+        core, self._core = self._core, None
+        try:
+            if core is not None:
+                self._loop.call(core.close())
+        finally:
+            if hasattr(self, "_finalizer"):
+                self._finalizer()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+

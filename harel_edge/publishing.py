@@ -12,14 +12,11 @@ from typing import Any
 from harel.engine.execution import Execution
 from harel.spec.states import Event
 
-from harel_edge import schema
-from harel_edge.access import open_for_writing
-from harel_edge.connection import EdgeConnection
+from harel_edge.access import check_writable
 from harel_edge.errors import ConfigurationError
-from harel_edge.schema import EdgeNames
+from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import EdgeSettings
 from harel_edge.store import EdgeStore
-from harel_edge.transport import LibsqlTransport, Message
 
 
 @dataclass(frozen=True)
@@ -94,29 +91,18 @@ def publish(settings: EdgeSettings, request: PublishRequest) -> Published:
         created_time=datetime.now(UTC),
         **({"id": request.event_id} if request.event_id else {}),
     )
-    connection = open_for_writing(settings)
-    try:
-        has_schema = (
-            schema.has_routing_key(connection.execute, settings.prefix)
-            if _has_groups_table(connection, settings.prefix)
-            else False
-        )
-        transport = LibsqlTransport(connection=connection, create_schema=not has_schema)
+    check_writable(settings)
+    with LibsqlTransport(settings=settings) as transport:
         if request.create is not None:
-            create_execution(connection, request.group, request.create, request.priority)
+            with EdgeStore(settings) as store:
+                create_execution(store, request.group, request.create, request.priority)
         transport.publish_many([Message(request.group, event, request.priority, request.routing_key)])
-    finally:
-        connection.close()
     return Published(request.group, request.priority, request.routing_key, event.model_dump(mode="json"))
 
 
-def create_execution(connection: EdgeConnection, execution_id: str, machine: str, priority: int) -> None:
+def create_execution(store: EdgeStore, execution_id: str, machine: str, priority: int) -> None:
     """A PENDING execution for the worker to start when it claims the Start (harel's own
     `create(start_on_create=False)`); an existing one is left as it is."""
-    with EdgeStore(connection=connection) as store:
-        if store.load(execution_id) is None:
-            store.save(Execution(id=execution_id, definition_id=machine, priority=priority))
+    if store.load(execution_id) is None:
+        store.save(Execution(id=execution_id, definition_id=machine, priority=priority))
 
-
-def _has_groups_table(connection: EdgeConnection, prefix: str) -> bool:
-    return schema.table_exists(connection.execute, EdgeNames(prefix).groups)

@@ -26,12 +26,13 @@ from harel_edge.durable import connect as connect_database
 from harel_edge.durable.runtime import DurableWorker, Lost, Outcome, WorkflowFn
 from harel_edge.durable.types import Delivery
 from harel_edge.errors import ConfigurationError
-from harel_edge.event_path import EventPath, EventStore, EventTransport
 from harel_edge.executor import blocking_execute
 from harel_edge.inspection import check_usable, inspect_file
 from harel_edge.migration import prepare
+from harel_edge.queue import EventPath, EventTransport
 from harel_edge.settings import EdgeSettings
 from harel_edge.status import dead_letter_status, queue_status
+from harel_edge.store import EventStore
 
 log = structlog.get_logger("harel_edge.worker")
 

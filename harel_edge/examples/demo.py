@@ -19,10 +19,10 @@ from harel_edge.connection import EdgeConnection
 from harel_edge.durable import Database, LibsqlCheckpointer, LibsqlDurable, LibsqlScheduler
 from harel_edge.examples.workflow import LEDGER_DDL
 from harel_edge.migration import prepare_database as prepare_schema
+from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import EdgeSettings, ExplicitSettings
 from harel_edge.store import EdgeStore
 from harel_edge.supervisor import WorkerProcesses, start_processes
-from harel_edge.transport import LibsqlTransport, Message
 from harel_edge.worker import WorkerOptions, WorkerReport, parse_workflow
 
 EXAMPLES = Path(__file__).parent
@@ -39,33 +39,25 @@ def demo_settings(path: Path) -> EdgeSettings:
 def prepare_database(settings: EdgeSettings) -> None:
     """The schema, and the table the sample workflow's charges go to."""
     prepare_schema(settings)
-    connection = EdgeConnection(settings)
-    try:
-        connection.execute(LEDGER_DDL)
-    finally:
-        connection.close()
+    with EdgeStore(settings, create_schema=False) as store:
+        store.execute(LEDGER_DDL)
 
 
 def seed(settings: EdgeSettings, orders: int) -> dict[str, str]:
     """Create the orders and queue their events; return each order's routing key."""
-    connection = EdgeConnection(settings)
-    try:
-        with EdgeStore(connection=connection, create_schema=False) as store:
-            transport = LibsqlTransport(connection=connection, create_schema=False)
-            keys: dict[str, str] = {}
-            batch: list[Message] = []
-            for i in range(orders):
-                order = f"order-{i + 1:03d}"
-                keys[order] = ROUTING_KEYS[i % len(ROUTING_KEYS)]
-                if store.load(order) is None:
-                    store.save(Execution(id=order, definition_id="order", priority=i % 4))
-                for kind, data in STEPS:
-                    payload = {"amount": 10.0 + i} if kind == "Pay" else data
-                    batch.append(Message(order, Event(kind=kind, data=payload), i % 4, keys[order]))
-            transport.publish_many(batch)
-            return keys
-    finally:
-        connection.close()
+    with EdgeStore(settings, create_schema=False) as store, LibsqlTransport(settings=settings, create_schema=False) as transport:
+        keys: dict[str, str] = {}
+        batch: list[Message] = []
+        for i in range(orders):
+            order = f"order-{i + 1:03d}"
+            keys[order] = ROUTING_KEYS[i % len(ROUTING_KEYS)]
+            if store.load(order) is None:
+                store.save(Execution(id=order, definition_id="order", priority=i % 4))
+            for kind, data in STEPS:
+                payload = {"amount": 10.0 + i} if kind == "Pay" else data
+                batch.append(Message(order, Event(kind=kind, data=payload), i % 4, keys[order]))
+        transport.publish_many(batch)
+        return keys
 
 
 async def _look(durable: LibsqlDurable, confirmed: set[str]) -> tuple[int, int, int]:

@@ -38,9 +38,9 @@ import pytest
 from harel.spec.states import Event
 
 from harel_edge.connection import EdgeConnection
+from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import wait_until
-from harel_edge.transport import LibsqlTransport, Message
 
 pytestmark = [pytest.mark.chaos, pytest.mark.sqld]
 
@@ -197,7 +197,7 @@ def test_workers_lose_nothing_and_duplicate_only_lapsed_leases_when_the_primary_
         Message(f"g{n % GROUPS:02d}", Event(kind="job", data={"n": n})) for n in range(MESSAGES)
     )
     published = {
-        int(seq) for (seq,) in publisher.connection.execute(f"SELECT seq FROM {PREFIX}_transport_messages")
+        int(seq) for (seq,) in publisher.execute(f"SELECT seq FROM {PREFIX}_transport_messages")
     }
     publisher.close()
     assert len(published) == MESSAGES

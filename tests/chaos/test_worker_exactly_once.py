@@ -89,7 +89,7 @@ def test_every_event_is_applied_exactly_once_in_order_while_workers_are_killed_a
     definitions.mkdir()
     chain_definition(definitions)
     store = EdgeStore(direct)
-    transport = LibsqlTransport(connection=store.connection)
+    transport = LibsqlTransport(settings=store.settings)
     ids = [f"chain-{i:03d}" for i in range(EXECUTIONS)]
     for execution_id in ids:
         store.save(Execution(id=execution_id, definition_id="chain", context={"count": 0, "pack_seconds": 0.05}))
@@ -100,7 +100,7 @@ def test_every_event_is_applied_exactly_once_in_order_while_workers_are_killed_a
     def look(sql: str, *args):
         probe = EdgeStore(direct, create_schema=False)
         try:
-            return probe.connection.execute(sql, args)
+            return probe.execute(sql, args)
         finally:
             probe.close()
 

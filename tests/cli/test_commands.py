@@ -37,7 +37,7 @@ def handled_everything(path: Path, execution: str) -> tuple[str, int] | None:
     store = EdgeStore(ExplicitSettings.load(profile="local", db_path=str(path)), create_schema=False)
     try:
         status = store.load(execution).status.name
-        left = store.connection.execute("SELECT count(*) FROM harel_transport_messages")[0][0]
+        left = store.execute("SELECT count(*) FROM harel_transport_messages")[0][0]
     finally:
         store.close()
     return (status, left) if status == "DONE" and left == 0 else None

@@ -14,9 +14,9 @@ from harel.spec.states import Event
 from harel_edge.connection import EdgeConnection
 from harel_edge.durable import LibsqlCheckpointer, LibsqlDurable, LibsqlScheduler, connect, migrate
 from harel_edge.durable.runtime import DurableWorker
-from harel_edge.event_path import EventPath, EventTransport
 from harel_edge.executor import open_executor
 from harel_edge.migration import prepare
+from harel_edge.queue import EventPath, EventTransport
 from harel_edge.settings import ExplicitSettings
 
 

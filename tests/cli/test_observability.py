@@ -123,7 +123,7 @@ def test_harels_own_log_lines_come_out_as_json_too(log_lines, tmp_path):
     # harel's worker logic, on harel_edge's store and transport, discards an event sent to an
     # execution that has not started, and says so on harel's own logger.
     store = EdgeStore(ExplicitSettings.load(profile="local", db_path=str(tmp_path / "q.db")))
-    transport = LibsqlTransport(connection=store.connection)
+    transport = LibsqlTransport(settings=store.settings)
     try:
         store.save(Execution(id="order-1", definition_id="order"))  # PENDING: its Start not handled
         transport.publish("order-1", Event(kind="Pay", data={"amount": 1.0}))

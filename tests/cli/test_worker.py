@@ -29,8 +29,8 @@ ORDER = (("Start", {}), ("Pay", {"amount": 4.0}), ("Ship", {}), ("Deliver", {}))
 
 def seed_orders(settings, orders: list[str], context: dict | None = None) -> None:
     store = EdgeStore(settings)
-    transport = LibsqlTransport(connection=store.connection)
-    store.connection.execute(LEDGER_DDL)
+    transport = LibsqlTransport(settings=store.settings)
+    store.execute(LEDGER_DDL)
     for order in orders:
         store.save(Execution(id=order, definition_id="order", context=context or {}))
         for kind, data in ORDER:
@@ -164,7 +164,7 @@ def test_sigterm_lets_the_event_in_hand_finish_and_leaves_the_rest_queued(tmp_pa
     def shipping() -> bool:
         transport = LibsqlTransport(settings=settings)
         try:
-            rows = transport.connection.execute(
+            rows = transport.execute(
                 "SELECT json_extract(event, '$.kind') FROM harel_transport_messages WHERE locked_by IS NOT NULL"
             )
         finally:
@@ -179,7 +179,7 @@ def test_sigterm_lets_the_event_in_hand_finish_and_leaves_the_rest_queued(tmp_pa
     store = EdgeStore(settings, create_schema=False)
     try:
         exe = store.load("slow")
-        left = store.connection.execute(
+        left = store.execute(
             "SELECT json_extract(event, '$.kind'), locked_by FROM harel_transport_messages ORDER BY seq"
         )
     finally:

@@ -10,9 +10,10 @@ from harel.spec.states import Event
 
 from harel_edge import dead_letter
 from harel_edge.connection import EdgeConnection
-from harel_edge.event_path import EventPath, EventStore, EventTransport
 from harel_edge.executor import open_executor
 from harel_edge.migration import prepare
+from harel_edge.queue import EventPath, EventTransport
+from harel_edge.store import EventStore
 from harel_edge.worker import EdgeAsyncWorker
 
 LIMIT = 3

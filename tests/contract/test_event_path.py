@@ -16,9 +16,10 @@ from harel.testing import (
     assert_async_transport_contract,
 )
 
-from harel_edge.event_path import EventPath, EventStore, EventTransport
 from harel_edge.executor import open_executor
 from harel_edge.migration import prepare_database
+from harel_edge.queue import EventPath, EventTransport
+from harel_edge.store import EventStore
 
 
 @contextlib.asynccontextmanager

@@ -37,7 +37,7 @@ def test_harels_async_transport_contract_holds(edge):
     made = []
 
     async def make(clock):
-        transport = AsyncLibsqlTransport(LibsqlTransport(settings=edge.settings(), clock=clock))
+        transport = await AsyncLibsqlTransport.from_settings(edge.settings(), clock)
         made.append(transport)
         return transport
 
@@ -52,7 +52,7 @@ def test_the_database_clock_is_used_when_no_clock_is_injected(make_transport):
     assert lease is not None
     # Whole milliseconds: both clocks are exact to the millisecond, so only their difference in
     # ms is meaningful (a float subtraction of two epoch values can be off by 1e-7 s).
-    (remaining_ms,), = t.connection.execute(
+    (remaining_ms,), = t.execute(
         f"SELECT CAST(round((lock_expiry - unixepoch('subsec')) * 1000) AS INTEGER)"
         f" FROM {t.settings.prefix}_transport_messages"
     )
@@ -62,7 +62,7 @@ def test_the_database_clock_is_used_when_no_clock_is_injected(make_transport):
 def test_the_database_clock_is_exact_to_the_millisecond_like_unixepoch(make_transport):
     t = make_transport()
     for _ in range(200):
-        (ours, sqlite_own, below_ms), = t.connection.execute(
+        (ours, sqlite_own, below_ms), = t.execute(
             f"SELECT {DB_NOW}, unixepoch('subsec'), {DB_NOW} * 1000 - round({DB_NOW} * 1000)"
         )
         assert ours == sqlite_own, "one statement's 'now' is the same instant whichever function asks"
@@ -191,7 +191,7 @@ def test_an_acked_groups_row_is_dropped_once_its_last_message_goes(make_transpor
     t = make_transport(Clock())
     t.publish("G", Event(kind="e1"), priority=4)
     t.ack(t.claim("w", 30))
-    (count,), = t.connection.execute(f"SELECT count(*) FROM {t.settings.prefix}_transport_groups")
+    (count,), = t.execute(f"SELECT count(*) FROM {t.settings.prefix}_transport_groups")
     assert count == 0
     t.publish("G", Event(kind="e2"), priority=1)
     assert kinds(t, min_priority=2) == [], "a recycled group takes the priority of its new first publish"
@@ -222,19 +222,20 @@ def test_a_publish_whose_answer_was_lost_is_delivered_once_though_consumed_befor
     t = make_transport(clock, retry_initial_delay=0.01)
     consumer = LibsqlTransport(settings=edge.peer(t.settings), clock=clock, create_schema=False)
     event, delivered = Event(kind="once"), []
-    send = t.connection.execute
+    executor = t.core.path.executor
+    send = executor.execute
 
-    def applied_then_lost(sql, params=()):
-        rows = send(sql, params)
-        if sql.startswith("INSERT") and not delivered:  # the publish landed; during the back-off
-            lease = consumer.claim("consumer", 30)  # another worker handles it
+    async def applied_then_lost(stmt, **kwargs):
+        result = await send(stmt, **kwargs)
+        if stmt.sql.startswith("INSERT") and not delivered:  # the publish landed; during the back-off
+            lease = consumer.claim("consumer", 30)  # another worker handles it (its own loop thread)
             delivered.append(lease.event.id)
             consumer.ack(lease)
             raise ConnectionResetError("connection reset: the answer was lost on the way back")
-        return rows
+        return result
 
     try:
-        monkeypatch.setattr(t.connection, "execute", applied_then_lost)
+        monkeypatch.setattr(executor, "execute", applied_then_lost)
         t.publish("G", event)
         monkeypatch.undo()
         while (lease := consumer.claim("consumer", 30)) is not None:
@@ -261,7 +262,7 @@ def test_an_event_sent_to_its_group_again_within_the_window_is_queued_once(make_
     clock.now += 1
     t.publish("G", event)
     assert kinds(t) == ["e"], "after the window, the id is forgotten and queued again"
-    (count,), = t.connection.execute(f"SELECT count(*) FROM {t.settings.prefix}_transport_published")
+    (count,), = t.execute(f"SELECT count(*) FROM {t.settings.prefix}_transport_published")
     assert count == 3, "every id sent is kept once per group until its window ends"
 
 
@@ -280,7 +281,7 @@ def test_a_batch_publish_keeps_order_across_chunks_and_groups(make_transport):
 
 
 def test_a_batch_larger_than_one_statement_is_published_in_one_transaction(make_transport, monkeypatch):
-    import harel_edge.transport as transport_module
+    import harel_edge.queue.statements as transport_module
 
     monkeypatch.setattr(transport_module, "BATCH_ROWS", 7)  # 50 messages: 8 statements
     t = make_transport(Clock())
@@ -320,11 +321,10 @@ def test_bad_arguments_get_a_clear_error(make_transport, call, message):
 
 def test_two_workers_never_hold_the_same_group(edge, make_transport):
     first = make_transport(Clock())
-    second = LibsqlTransport(settings=edge.peer(first.settings), clock=first._clock, create_schema=False)
+    second = LibsqlTransport(settings=edge.peer(first.settings), clock=first.clock, create_schema=False)
     try:
         for i in range(4):
             first.publish(f"G{i % 2}", Event(kind=f"e{i}"))
-        second.connection.sync()
         a = first.claim("w1", 30)
         b = second.claim("w2", 30)
         assert a is not None and b is not None
@@ -332,3 +332,27 @@ def test_two_workers_never_hold_the_same_group(edge, make_transport):
         assert first.claim("w1", 30) is None and second.claim("w2", 30) is None
     finally:
         second.close()
+
+
+def test_claim_many_gives_every_tied_group_its_turn_equally(make_transport):
+    t = make_transport(Clock())
+    counts = {f"g{i}": 0 for i in range(8)}
+    for group in counts:
+        t.publish_many([(group, Event(kind=f"{group}-{n}")) for n in range(30)])
+    for _ in range(60):
+        leases = t.claim_many("w", 30, 3)
+        assert len(leases) == 3
+        for lease in leases:
+            counts[lease.group_id] += 1
+        assert all(t.ack_many(leases))
+    assert max(counts.values()) - min(counts.values()) <= 1, f"round-robin across a batch's ties: {counts}"
+
+
+def test_a_claim_takes_any_number_of_routing_keys(make_transport):
+    t = make_transport(Clock())
+    keys = [f"tenant-{i}" for i in range(40_000)]
+    t.publish("last", Event(kind="wanted"), routing_key=keys[-1])
+    t.publish("other", Event(kind="unwanted"), routing_key="not-listed")
+    lease = t.claim("w", 30, routing_keys=keys)
+    assert lease is not None and lease.event.kind == "wanted"
+    assert t.claim("w", 30, routing_keys=keys[:1200]) is None, "a group whose key is not listed is not taken"

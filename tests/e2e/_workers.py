@@ -50,10 +50,12 @@ from harel.engine.schema import Names  # noqa: E402
 from harel.engine.transport import Lease  # noqa: E402
 
 from harel_edge import retry  # noqa: E402
-from harel_edge.aio_transport import AsyncLibsqlTransport  # noqa: E402
 from harel_edge.connection import EdgeConnection  # noqa: E402
+from harel_edge.queue import (
+    AsyncLibsqlTransport,  # noqa: E402
+    LibsqlTransport,  # noqa: E402
+)
 from harel_edge.settings import EdgeSettings, ExplicitSettings  # noqa: E402
-from harel_edge.transport import LibsqlTransport  # noqa: E402
 
 LOG_TABLE = "e2e_log"
 # A worker with nothing to claim looks again after this long: an idle poll, not a wait for

@@ -32,9 +32,9 @@ import pytest
 from harel.spec.states import Event
 
 from harel_edge.connection import EdgeConnection
+from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import SqldServer
-from harel_edge.transport import LibsqlTransport, Message
 
 pytestmark = [pytest.mark.sqld, pytest.mark.timeout(240)]
 
@@ -89,7 +89,7 @@ def publish_backlog(primary: SqldServer) -> dict[str, tuple[str, int, int, str]]
     assert publisher.publish_many(batch) == TOTAL
     assert publisher.depth() == TOTAL
     for statement in _workers.log_schema():
-        publisher.connection.execute(statement)
+        publisher.execute(statement)
     publisher.close()
     return published
 

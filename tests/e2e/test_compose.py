@@ -26,12 +26,12 @@ import pytest
 from harel.spec.states import Event
 
 from harel_edge.connection import EdgeConnection
+from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.schema import SCHEMA_VERSION
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import wait_until
 from harel_edge.testing.fixtures import sqld_unavailable
 from harel_edge.testing.sqld import _pid_alive
-from harel_edge.transport import LibsqlTransport, Message
 
 pytestmark = [pytest.mark.sqld, pytest.mark.timeout(420)]
 

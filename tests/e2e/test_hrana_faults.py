@@ -19,10 +19,11 @@ from harel.spec.states import Event
 
 from harel_edge.durable import LibsqlCheckpointer, LibsqlScheduler, SqlEffect, connect, migrate
 from harel_edge.errors import AuthError
-from harel_edge.event_path import EventPath, EventStore, EventTransport
 from harel_edge.executor.remote import HranaExecutor
 from harel_edge.migration import prepare_database
+from harel_edge.queue import EventPath, EventTransport
 from harel_edge.settings import ExplicitSettings
+from harel_edge.store import EventStore
 
 pytestmark = pytest.mark.sqld
 

@@ -11,9 +11,9 @@ from harel.spec.states import Event
 from harel_edge import retry
 from harel_edge.connection import EdgeConnection
 from harel_edge.errors import AuthError
+from harel_edge.queue import LibsqlTransport
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import wait_until
-from harel_edge.transport import LibsqlTransport
 
 pytestmark = pytest.mark.sqld
 

@@ -26,10 +26,10 @@ from harel.engine.transport import LibsqlTransport as Harel09LibsqlTransport
 from harel.spec.states import Event
 
 from harel_edge.connection import EdgeConnection
+from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.schema import SCHEMA_VERSION
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import SqldServer
-from harel_edge.transport import LibsqlTransport, Message
 
 pytestmark = [pytest.mark.sqld, pytest.mark.timeout(180)]
 

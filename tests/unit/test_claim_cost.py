@@ -16,9 +16,8 @@ from harel.engine.transport import Lease
 from harel.spec.states import Event
 
 from harel_edge import LibsqlTransport, Message
-from harel_edge.event_path import ack_many_statement
+from harel_edge.queue.statements import ack_many_statement, claim_params, claim_sql
 from harel_edge.schema import EdgeNames
-from harel_edge.transport import claim_params, claim_sql
 
 KEYS = ("eu", "us", "ap", "af")
 SMALL, LARGE = 1_000, 16_000

@@ -8,12 +8,12 @@ import pytest
 from harel.spec.states import Event
 
 from harel_edge.connection import EdgeConnection
-from harel_edge.event_path import EventPath, EventStore, EventTransport
 from harel_edge.executor import Stmt
 from harel_edge.executor.local import LocalExecutor
 from harel_edge.migration import prepare_database
+from harel_edge.queue import EventPath, EventTransport, LibsqlTransport
 from harel_edge.settings import ExplicitSettings
-from harel_edge.transport import LibsqlTransport
+from harel_edge.store import EventStore
 
 FULL, NORMAL = 2, 1  # what `PRAGMA synchronous` reads back
 SYNC = Stmt("PRAGMA synchronous")
@@ -130,24 +130,6 @@ def test_the_event_path_sends_only_its_claims_as_volatile(tmp_path):
     assert others and not any(others)
 
 
-def test_the_sync_transport_claims_at_normal_and_leaves_its_connection_at_full(tmp_path):
-    transport = LibsqlTransport(settings=local(tmp_path))
-    seen = []
-    execute = transport._conn.execute
-
-    def spy(sql, params=()):
-        if "claimed_at = " in sql:
-            seen.append(execute("PRAGMA synchronous"))
-        return execute(sql, params)
-
-    transport._conn.execute = spy
-    transport.publish("g", Event(kind="go"))
-    lease = transport.claim("w", 30)
-    assert lease is not None and transport.ack(lease)
-    assert seen == [[(NORMAL,)]]
-    assert execute("PRAGMA synchronous") == [(FULL,)]
-
-
 def test_a_commit_left_open_inside_skip_fsync_is_rolled_back_and_full_durability_restored(tmp_path):
     connection = EdgeConnection(local(tmp_path))
     try:
@@ -191,7 +173,7 @@ def test_ack_many_answers_a_stale_lease_and_a_repeated_one_false(tmp_path):
 
 
 def test_ack_many_of_more_leases_than_one_statement_holds_acks_every_one(tmp_path, monkeypatch):
-    monkeypatch.setattr("harel_edge.event_path.ACK_ROWS", 3)
+    monkeypatch.setattr("harel_edge.queue.statements.ACK_ROWS", 3)
     settings = local(tmp_path)
     prepare_database(settings)
     LibsqlTransport(settings=settings).publish_many([(f"g{i}", Event(kind="go")) for i in range(7)])

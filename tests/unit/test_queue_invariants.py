@@ -5,7 +5,9 @@ per message the lock it carries, and per group what the transport spec's claim s
 priority and routing key (fixed by the publish that created the group), when it was last
 claimed (0: never), and when it arrived. After every step the transport must agree: a claim
 takes, among the groups with nothing in flight, priority >= the floor and (if keys are given)
-a routing key in the list, the one whose last claim is oldest, ties by arrival; it takes that
+a routing key in the list, the one whose last claim is oldest, ties by arrival; each claim's
+stamp is later than every earlier one, and a claim of several stamps each group a step after
+the one before it, so groups served together keep that order; it takes that
 group's head (FIFO, at most one in flight per group); it claims nothing only when no group
 qualifies; a claim of up to n groups takes the first n in that order; an ack or nack succeeds
 exactly when the lease is still the holder's; and nothing is lost or delivered after it was
@@ -29,7 +31,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, multiple, rule
 
 from harel_edge import LibsqlTransport
-from harel_edge.transport import claim_params, claim_sql, lease_from_row
+from harel_edge.queue.statements import RANK_STEP, claim_params, claim_sql, lease_from_row
+from harel_edge.schema import EdgeNames
 
 GROUPS = st.sampled_from(["a", "b", "c", "d"])
 ROUTING_KEYS = st.sampled_from([None, "eu", "us"])
@@ -108,6 +111,7 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(target=leases, min_priority=FLOORS, keys=KEYS, visibility=VISIBILITIES)
     def claim(self, min_priority: int, keys: tuple[str, ...], visibility: float):
         expected = self.selected(min_priority, keys)
+        base = self.stamp_base()
         lease = self.transport.claim("w", visibility, min_priority=min_priority, routing_keys=keys)
         if lease is None:
             assert expected == [], f"a free group was left unclaimed: {expected!r}"
@@ -116,7 +120,7 @@ class QueueMachine(RuleBasedStateMachine):
             f"claimed {lease.group_id!r}, the spec selects {expected!r} among"
             f" {self.qualifying(min_priority, keys)} ({self.groups})"
         )
-        self.took(lease, visibility)
+        self.took(lease, visibility, base)
         return lease
 
     @rule(
@@ -129,17 +133,24 @@ class QueueMachine(RuleBasedStateMachine):
     def claim_many(self, n: int, min_priority: int, keys: tuple[str, ...], visibility: float):
         """The event path's statement (`claim_many`): up to n groups' heads, in the spec's order."""
         expected = self.selected(min_priority, keys, n)
+        base = self.stamp_base()
         token, params = claim_params("w", visibility, min_priority, keys, self.now)
-        rows = self.transport.connection.execute(claim_sql(self.transport._n, len(keys), many=True), (*params, n))
+        rows = self.transport.execute(claim_sql(EdgeNames(), len(keys), many=True), (*params, n))
         leases = sorted((lease_from_row(row, token) for row in rows), key=lambda lease: lease.seq)
         claimed = [lease.group_id for lease in leases]
         assert sorted(claimed) == sorted(expected), f"claimed {claimed}, the spec selects {expected} ({self.groups})"
         for lease in leases:
-            self.took(lease, visibility)
+            self.took(lease, visibility, base, rank=expected.index(lease.group_id))
         return multiple(*leases)
 
-    def took(self, lease: Lease, visibility: float) -> None:
-        """Check a claimed lease against the model, and record it."""
+    def stamp_base(self) -> float:
+        """A claim's stamp: its time, or a step past the latest stamp when that is not earlier."""
+        latest = max((g.last_claimed for g in self.groups.values()), default=0.0)
+        return max(self.now, latest + RANK_STEP)
+
+    def took(self, lease: Lease, visibility: float, base: float, rank: int = 0) -> None:
+        """Check a claimed lease against the model, and record it: the `rank`-th lease of one
+        claim is stamped `rank` steps after the claim's base, so tied groups keep their turn."""
         group = self.pending[lease.group_id]
         head = group[0]
         if head < 0:  # first delivery: learn the real seq of the head
@@ -150,7 +161,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert lease.seq not in self.acked, "an acked message was delivered again"
         assert not self.busy(lease.group_id), "a group already in flight was claimed again"
         self.locks[lease.seq] = Lock(lease.token, self.now + visibility)
-        self.groups[lease.group_id].last_claimed = self.now
+        self.groups[lease.group_id].last_claimed = base + rank * RANK_STEP
 
     def holds(self, lease) -> bool:
         lock = self.locks.get(lease.seq)

@@ -24,8 +24,8 @@ from harel_edge.errors import (
     PrimaryUnavailableError,
     SchemaTooNewError,
 )
+from harel_edge.queue import LibsqlTransport
 from harel_edge.settings import ExplicitSettings
-from harel_edge.transport import LibsqlTransport
 
 # ---- the texts, verbatim as measured ---------------------------------------------------
 
@@ -354,39 +354,27 @@ class Clock:
         return self.now
 
 
-class InterleavedTransport(LibsqlTransport):
-    """Runs `between` at the one moment that matters: after a failed attempt, before the look-up
-    (what another worker can do while this one backs off)."""
-
-    between = None
-
-    def _recover(self, exc: BaseException) -> None:
-        super()._recover(exc)
-        if self.between is not None:
-            step, self.between = self.between, None
-            step()
-
-
 def test_an_ack_that_failed_and_lost_its_lease_meanwhile_reports_the_lease_lost(tmp_path):
     path = str(tmp_path / "q.db")
     clock = Clock()
-    a = InterleavedTransport(settings=quick(db_path=path, busy_timeout_ms=20, prefix="q"), clock=clock)
+    a = LibsqlTransport(settings=quick(db_path=path, prefix="q"), clock=clock)
     b = LibsqlTransport(settings=quick(db_path=path, prefix="q"), clock=clock)
     a.publish("g", Event(kind="x"))
     lease_a = a.claim("a", 10)
-    holder = EdgeConnection(quick(db_path=path))
-    holder.execute("BEGIN IMMEDIATE")  # a's ack fails: database is locked
-    taken = []
+    executor, taken = a.core.path.executor, []
+    send = executor.execute
 
-    def lease_lapses_and_b_claims():
-        holder.execute("ROLLBACK")
-        clock.now += 20
-        taken.append(b.claim("b", 10))
+    async def locked_while_the_lease_lapses(stmt, **kwargs):
+        if stmt.sql.startswith("DELETE") and not taken:  # a's ack is not applied; meanwhile
+            clock.now += 20  # its lease lapses and b claims the message
+            taken.append(b.claim("b", 10))
+            raise ValueError("database is locked")
+        return await send(stmt, **kwargs)
 
-    a.between = lease_lapses_and_b_claims
+    executor.execute = locked_while_the_lease_lapses
     acked_by_a = a.ack(lease_a)
     assert taken[0] is not None and taken[0].seq == lease_a.seq, "b holds the message now"
     assert b.ack(taken[0]), "b processed it and acks it"
     assert not acked_by_a, "a's ack never took effect: it must say its lease was lost"
-    for closable in (a, b, holder):
+    for closable in (a, b):
         closable.close()

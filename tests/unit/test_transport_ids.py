@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from harel.spec.states import Event
 
-from harel_edge.transport import LibsqlTransport, Message
+from harel_edge.queue import LibsqlTransport, Message
 
 
 @pytest.mark.parametrize(

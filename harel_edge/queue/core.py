@@ -1,0 +1,382 @@
+"""The queue, written once: harel's async transport on the profile's executor, every operation
+one unit of work under the one retry driver. The sync `LibsqlTransport` is a face of this."""
+
+from __future__ import annotations
+
+import secrets
+from collections import Counter, deque
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import structlog
+from harel.engine.transport import Lease
+from harel.spec.states import Event
+
+from harel_edge import observability
+from harel_edge.queue import statements as sql
+from harel_edge.queue.leases import Clock, EventPath, LeaseKey
+from harel_edge.queue.statements import BATCH_ROWS, Message
+
+log = structlog.get_logger("harel_edge.transport")
+
+MAX_ERROR_CHARS = 4000  # of a handling failure kept on its message and in its dead letter
+
+
+class EventTransport:
+    """harel's async transport over an `EventPath`, with `claim_many` behind `claim`.
+
+    `prefetch` and `max_deliveries`: docs/executor.md ("The event path") and docs/operations.md.
+    """
+
+    def __init__(
+        self,
+        path: EventPath,
+        *,
+        concurrency: int = 32,
+        prefetch: bool = False,
+        report: Any = None,
+        count_groups: bool = False,
+        routing_keys: Sequence[str] | None = None,
+        max_deliveries: int = 0,
+    ) -> None:
+        if max_deliveries < 0:
+            raise ValueError(f"max_deliveries must be >= 0 (0: never dead-letter), got {max_deliveries!r}")
+        self.path = path
+        self.settings = path.settings
+        self.concurrency = concurrency
+        self.max_deliveries = max_deliveries
+        self.prefetch = prefetch
+        self._report = report
+        self._groups: Counter[str] | None = Counter() if count_groups else None
+        self._routing_keys = tuple(path.settings.routing_keys if routing_keys is None else routing_keys)
+        self._buffer: deque[Lease] = deque()
+        self._buffer_for: tuple | None = None
+        self._sql: dict[tuple[bool, bool], str] = {}
+
+    @property
+    def held(self) -> dict[LeaseKey, Lease]:
+        return self.path.held
+
+    @property
+    def clock(self) -> Clock | None:
+        """The injected clock, or None for the database's."""
+        return self.path.clock
+
+    # ---- publish -------------------------------------------------------------------------------
+
+    async def publish(self, group_id: str, event: Event, priority: int = 0, routing_key: str | None = None) -> None:
+        """Append `event` to `group_id`'s FIFO. The group's first publish fixes its priority and
+        routing key; later ones keep what the group has."""
+        await self.publish_many([Message(group_id, event, priority, routing_key)])
+
+    async def publish_many(self, messages: Iterable[Message | tuple]) -> int:
+        """All or none, in order, each checked before anything is sent; one unit of work (one
+        statement up to BATCH_ROWS messages). An event id its group had within `publish_window`
+        is not queued again. Returns how many messages were given."""
+        rows = [sql.message_row(item) for item in messages]
+        if not rows:
+            return 0
+        q = self.path.queue
+        now, window, batch = self.path.now(), self.path.settings.publish_window, secrets.token_hex(8)
+        stmts = [sql.publish_statement(q, rows[i : i + BATCH_ROWS], now, window, batch) for i in range(0, len(rows), BATCH_ROWS)]
+
+        async def attempt() -> bool:
+            if len(stmts) == 1:
+                await self.path.executor.execute(stmts[0])
+            else:
+                await self.path.executor.transaction(stmts)
+            return True
+
+        async def resolve() -> bool | None:
+            found = await self.path.execute(sql.published_sql(q), rows[0][0], rows[0][4])
+            return True if found.rows and found.rows[0][0] == batch else None
+
+        await self.path.run("publish", attempt, resolve)
+        return len(rows)
+
+    # ---- claim -----------------------------------------------------------------------------------
+
+    async def claim(
+        self, worker_id: str, visibility: float, min_priority: int = 0, routing_keys: Sequence[str] | None = None
+    ) -> Lease | None:
+        """Lease the head of the group that waited longest, among groups with nothing in flight,
+        priority >= `min_priority` and (if any are given) one of `routing_keys`; None if none."""
+        keys = tuple(self._routing_keys if routing_keys is None else routing_keys)
+        wanted = (worker_id, visibility, min_priority, keys)
+        if self._buffer and self._buffer_for == wanted:
+            return self._buffer.popleft()
+        # The free slots: leases held (buffered ones included) count against `concurrency`.
+        n = max(1, self.concurrency - len(self.path.held)) if self.prefetch and not self._buffer else 1
+        leases = await self.claim_many(worker_id, visibility, n, min_priority, keys, with_execution=self.prefetch)
+        if not leases:
+            return None
+        if not self._buffer:
+            self._buffer.extend(leases[1:])
+            self._buffer_for = wanted
+        return leases[0]
+
+    async def claim_many(
+        self,
+        worker_id: str,
+        visibility: float,
+        n: int,
+        min_priority: int = 0,
+        routing_keys: Sequence[str] | None = None,
+        *,
+        with_execution: bool = False,
+    ) -> list[Lease]:
+        """Lease the heads of up to `n` groups in one statement, in round-robin order. With
+        `with_execution` the statement also reads each message's execution, which the
+        `EventStore` then serves to the worker instead of reading it again."""
+        if n < 1:
+            raise ValueError(f"n must be at least 1, got {n!r}")
+        keys = tuple(self._routing_keys if routing_keys is None else routing_keys)
+        while True:
+            leases, buried = await self._claim_once(worker_id, visibility, n, min_priority, keys, with_execution)
+            if leases or not buried:
+                break  # when every message claimed was buried, the next heads may be deliverable
+        if leases:
+            observability.CLAIMS.inc(len(leases))
+            if self._report is not None:
+                self._report.claims += len(leases)
+        return leases
+
+    async def _claim_once(
+        self, worker_id: str, visibility: float, n: int, min_priority: int, keys: tuple, with_execution: bool
+    ) -> tuple[list[Lease], int]:
+        """One claim statement: the leases to hand out, and how many messages it buried."""
+        token, params = sql.claim_params(worker_id, visibility, min_priority, keys, self.path.now())
+        statement = self._claim_statement(bool(keys), with_execution)
+
+        async def attempt() -> list[tuple]:
+            return (await self.path.execute(statement, *params, n, volatile=True)).rows
+
+        async def resolve() -> list[tuple]:
+            # Found or not, the look-up is the answer: a claim that did not land leased nothing.
+            # The row is read after the delivery trigger ran: its count is already this one's.
+            extra = self._returning(with_execution, after_trigger=True)
+            return (await self.path.execute(sql.leased_sql(self.path.queue, extra), token)).rows
+
+        rows = sorted(await self.path.run("claim", attempt, resolve), key=lambda row: row[0])
+        leases, buried = [], 0
+        for row in rows:
+            lease = sql.lease_from_row(row[:3], token)
+            deliveries = int(row[-1] or 0)
+            if self.max_deliveries and deliveries > self.max_deliveries:
+                buried += 1
+                await self._bury_quietly(lease, deliveries)
+                continue
+            if with_execution:
+                self.path.hold(lease, row[3], bool(row[4]), prefetch=True, deliveries=deliveries)
+            else:
+                self.path.hold(lease, deliveries=deliveries)
+            leases.append(lease)
+        return leases, buried
+
+    def _claim_statement(self, keyed: bool, with_execution: bool) -> str:
+        statement = self._sql.get((keyed, with_execution))
+        if statement is None:
+            statement = self._sql[(keyed, with_execution)] = sql.claim_sql(
+                self.path.queue, keyed, many=True, returning=self._returning(with_execution)
+            )
+        return statement
+
+    def _returning(self, with_execution: bool, *, after_trigger: bool = False) -> str:
+        s = self.path.store
+        return sql.claim_returning(s.executions, s.processed_events, with_execution, after_trigger=after_trigger)
+
+    # ---- dead letters ------------------------------------------------------------------------------
+
+    def deliveries(self, lease: Lease) -> int | None:
+        """Which delivery of its message `lease` is (1: the first), while it is held."""
+        return self.path.deliveries.get((lease.seq, lease.token))
+
+    def failed(self, lease: Lease, error: BaseException | str) -> None:
+        """Say that handling `lease` raised `error`: the nack that gives it back records the
+        error on the message (a dead letter keeps the last one), and the delivery stays counted
+        toward `max_deliveries`. A nack without it is a clean give-back and is not counted."""
+        key = (lease.seq, lease.token)
+        if key in self.path.held:
+            text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+            self.path.failures[key] = text[:MAX_ERROR_CHARS]
+
+    async def bury(self, lease: Lease, deliveries: int | None = None) -> bool:
+        """Move the leased message to the dead-letter table, fenced by the lease's token: one
+        statement. False if the lease was lost."""
+        q = self.path.queue
+        statement = sql.bury_statement(q, lease, self.path.now())
+
+        async def attempt() -> bool:
+            rows = (await self.path.executor.execute(statement)).rows
+            return bool(rows and rows[0][0])
+
+        async def resolve() -> bool | None:
+            locked_by, dead = (await self.path.execute(sql.buried_sql(q), lease.seq, lease.seq)).rows[0]
+            if dead:
+                return True
+            return None if locked_by == lease.token else False
+
+        done = await self.path.run("bury", attempt, resolve)
+        self.path.release(lease)
+        if done:
+            observability.DEAD_LETTERED.labels("message").inc()
+            if self._report is not None:
+                self._report.dead_letters += 1
+            log.warning(
+                "dead-lettered",
+                kind="message",
+                group_id=lease.group_id,
+                seq=lease.seq,
+                event_kind=lease.event.kind,
+                deliveries=None if deliveries is None else deliveries - 1,
+                limit=self.max_deliveries,
+            )
+        else:
+            observability.record_lost_lease("bury")
+        return done
+
+    async def _bury_quietly(self, lease: Lease, deliveries: int) -> None:
+        """`bury`, from a claim: a failure leaves the message leased, and it comes back (still
+        over the limit) once the lease lapses, so the claim hands out what else it leased."""
+        try:
+            await self.bury(lease, deliveries)
+        except Exception as exc:  # noqa: BLE001 - the message is buried on a later claim
+            log.warning("could not dead-letter a message", group_id=lease.group_id, seq=lease.seq, error=str(exc)[:200])
+
+    # ---- ack / nack ------------------------------------------------------------------------------
+
+    async def ack(self, lease: Lease) -> bool:
+        """Remove the delivered message, freeing its group. False (and a log line) when the lease
+        was lost: it lapsed and another worker holds the message now, which keeps it."""
+        key = (lease.seq, lease.token)
+        if key in self.path.acked_by_commit:
+            done = self.path.acked_by_commit.pop(key)
+        else:
+            statement = sql.ack_statement(self.path.queue, lease)
+
+            async def attempt() -> bool:
+                return bool((await self.path.executor.execute(statement)).rows)
+
+            done = await self.path.run("ack", attempt, lambda: self._settled(lease, done_if_gone=True))
+        self._finish([lease], [done], "ack")
+        return done
+
+    async def ack_many(self, leases: Sequence[Lease]) -> list[bool]:
+        """Ack several leases as one unit of work; each answer as `ack` gives it."""
+        q = self.path.queue
+        if not leases:
+            return []
+        if all(lease.token for lease in leases):
+            # One statement for the lot: libsql prepares each statement anew, so one DELETE of
+            # n fenced rows costs far less than n DELETEs.
+            rows = sql.ACK_ROWS
+            chunks = [sql.ack_many_statement(q, leases[i : i + rows]) for i in range(0, len(leases), rows)]
+
+            async def attempt() -> list[bool]:
+                if len(chunks) == 1:
+                    results = [await self.path.executor.execute(chunks[0])]
+                else:
+                    results = await self.path.executor.transaction(chunks)
+                return _acked(leases, {(row[0], row[1]) for result in results for row in result.rows})
+
+        else:
+            stmts = [sql.ack_statement(q, lease) for lease in leases]
+
+            async def attempt() -> list[bool]:
+                return [bool(r.rows) for r in await self.path.executor.transaction(stmts)]
+
+        async def resolve() -> list[bool]:
+            return [bool(await self._settled(lease, done_if_gone=True)) for lease in leases]
+
+        done = await self.path.run("ack", attempt, resolve)
+        self._finish(leases, done, "ack")
+        return done
+
+    async def nack(self, lease: Lease, delay: float = 0.0) -> bool:
+        """Give the message back: claimable at once (`delay=0`), or parked for `delay` seconds,
+        during which its group stays blocked. A give-back after `failed` counts as a failed
+        delivery; any other does not. False when the lease was already lost."""
+        if delay < 0:
+            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
+        self.path.acked_by_commit.pop((lease.seq, lease.token), None)
+        error = self.path.failures.pop((lease.seq, lease.token), None)
+        statement = sql.nack_statement(self.path.queue, lease, delay, self.path.now(), error)
+
+        async def attempt() -> bool:
+            return bool((await self.path.executor.execute(statement)).rows)
+
+        done = await self.path.run("nack", attempt, lambda: self._settled(lease, done_if_gone=False))
+        self._finish([lease], [done], "nack")
+        return done
+
+    async def _settled(self, lease: Lease, *, done_if_gone: bool) -> bool | None:
+        """After an ambiguous ack or nack: None if the row still carries this lease's token (try
+        again), else whether the write landed (docs/transport.md, "Ambiguous writes")."""
+        rows = (await self.path.execute(sql.lock_of_sql(self.path.queue), lease.seq)).rows
+        if not rows:
+            return done_if_gone
+        if lease.token and rows[0][0] == lease.token:
+            return None
+        return not done_if_gone
+
+    def _finish(self, leases: Sequence[Lease], done: Sequence[bool], operation: str) -> None:
+        """Forget the leases settled and count them, once for the lot (a lost one is logged)."""
+        settled = 0
+        for lease, one in zip(leases, done, strict=True):
+            self.path.release(lease)
+            if one:
+                settled += 1
+                if self._groups is not None and operation == "ack":
+                    self._groups[lease.group_id] += 1
+                continue
+            observability.record_lost_lease(operation)
+            log.warning("lost lease", operation=operation, group_id=lease.group_id, seq=lease.seq)
+            if self._report is not None:
+                self._report.lost += 1
+        if not settled:
+            return
+        if operation == "ack":
+            observability.ACKS.inc(settled)
+            observability.EVENTS_HANDLED.inc(settled)
+            if self._report is not None:
+                self._report.acks += settled
+        else:
+            observability.NACKS.inc(settled)
+            if self._report is not None:
+                self._report.nacks += settled
+
+    # ---- inspection and shutdown -----------------------------------------------------------------
+
+    async def depth(self) -> int:
+        """Messages in the queue, in flight and parked included."""
+        return int((await self.path.execute(sql.depth_sql(self.path.queue))).rows[0][0])
+
+    async def release_held(self) -> int:
+        """Give back every lease not yet settled (at shutdown, after cancelling its handler)."""
+        self._buffer.clear()
+        released = 0
+        for lease in list(self.path.held.values()):
+            try:
+                if await self.nack(lease):
+                    released += 1
+            except Exception as exc:  # noqa: BLE001 - its lease lapses by itself; say so
+                log.warning("could not give a message back", group_id=lease.group_id, seq=lease.seq, error=str(exc)[:200])
+                self.path.release(lease)
+        return released
+
+    def group_counts(self) -> dict[str, int]:
+        return dict(self._groups or {})
+
+    async def close(self) -> None:
+        """The executor is shared with the store; its owner closes it."""
+
+
+def _acked(leases: Sequence[Lease], gone: set[tuple[int, str]]) -> list[bool]:
+    """Each lease's answer from the (seq, token) pairs deleted: True once for each pair deleted;
+    False for a stale lease of a deleted seq, and for a lease given twice, the second time."""
+    answers = []
+    for lease in leases:
+        key = (lease.seq, lease.token)
+        answers.append(key in gone)
+        gone.discard(key)
+    return answers

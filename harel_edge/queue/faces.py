@@ -1,0 +1,170 @@
+"""The queue's two faces: `AsyncLibsqlTransport`, the core opening its own executor, and
+`LibsqlTransport`, the same core for sync callers on a loop thread (no SQL or retry of its own)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from harel.engine.schema import DEFAULT_PREFIX
+from harel.engine.transport import Lease
+from harel.spec.states import Event
+
+from harel_edge import schema
+from harel_edge.executor import blocking_execute, open_executor
+from harel_edge.loop_thread import SyncFace
+from harel_edge.queue import statements as sql
+from harel_edge.queue.core import EventTransport
+from harel_edge.queue.leases import Clock, EventPath
+from harel_edge.queue.statements import Message
+from harel_edge.settings import EdgeSettings, settings_for_database
+
+
+class AsyncLibsqlTransport(EventTransport):
+    """harel's `AsyncTransport` on libSQL, owning its executor: `await
+    AsyncLibsqlTransport.from_settings()` or `.create(...)`."""
+
+    @classmethod
+    async def create(
+        cls,
+        database: str | Path = ":memory:",
+        clock: Clock | None = None,
+        *,
+        auth_token: str = "",
+        sync_url: str | None = None,
+        sync_interval: float | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        create_schema: bool = True,
+        routing_keys: Sequence[str] = (),
+        max_deliveries: int = 0,
+    ) -> AsyncLibsqlTransport:
+        """Open the transport `database` names (a file, a server URL, or a replica's file with
+        `sync_url`), without blocking the loop."""
+        settings = settings_for_database(database, auth_token, sync_url, sync_interval, prefix, routing_keys)
+        return await cls.from_settings(settings, clock, create_schema=create_schema, max_deliveries=max_deliveries)
+
+    @classmethod
+    async def from_settings(
+        cls,
+        settings: EdgeSettings | None = None,
+        clock: Clock | None = None,
+        *,
+        create_schema: bool = True,
+        max_deliveries: int = 0,
+    ) -> AsyncLibsqlTransport:
+        """The transport the settings describe (`EdgeSettings.load()` when none are given)."""
+        settings = settings or EdgeSettings.load()
+        self = cls(EventPath(open_executor(settings), settings, clock=clock), max_deliveries=max_deliveries)
+        try:
+            await self.path.run("migrate", lambda: self._prepare(create_schema))
+        except BaseException:
+            await self.path.executor.aclose()
+            raise
+        return self
+
+    async def _prepare(self, create_schema: bool) -> None:
+        """The schema steps are sync code: run them on a thread whose statements go through the
+        executor, so the loop keeps running while they travel."""
+        execute = blocking_execute(self.path.executor, asyncio.get_running_loop())
+        step = schema.migrate if create_schema else sql.check_schema
+        await asyncio.to_thread(step, execute, self.settings.prefix)
+
+    def __repr__(self) -> str:  # never the token
+        return f"<AsyncLibsqlTransport prefix={self.settings.prefix} profile={self.settings.profile} {self.path.executor!r}>"
+
+    async def execute(self, statement: str, params: Sequence[Any] = ()) -> list[tuple]:
+        """One statement of the caller's through this transport's executor (inspection, tools)."""
+        return (await self.path.execute(statement, *params)).rows
+
+    async def close(self) -> None:
+        """Send what is queued, then close the connections."""
+        await self.path.executor.aclose()
+
+
+class LibsqlTransport(SyncFace):
+    """harel's sync `Transport` on libSQL: the async core run on a loop thread of its own, so a
+    sync caller gets the same rows, guarantees and speed; safe to share between threads."""
+
+    def __init__(
+        self,
+        database: str | Path = ":memory:",
+        clock: Clock | None = None,
+        *,
+        auth_token: str = "",
+        sync_url: str | None = None,
+        sync_interval: float | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        create_schema: bool = True,
+        routing_keys: Sequence[str] = (),
+        settings: EdgeSettings | None = None,
+        max_deliveries: int = 0,
+    ) -> None:
+        """`database` is a file (local), a server URL (sqld), or the replica's file with
+        `sync_url` (replica); or pass `settings`. `clock=None` uses the database's clock."""
+        if settings is None:
+            settings = settings_for_database(database, auth_token, sync_url, sync_interval, prefix, routing_keys)
+        self.settings = settings
+        opener = AsyncLibsqlTransport.from_settings(
+            settings, clock, create_schema=create_schema, max_deliveries=max_deliveries
+        )
+        self._core: AsyncLibsqlTransport = self._start("harel-edge-transport", opener)
+
+    @classmethod
+    def from_settings(cls, settings: EdgeSettings | None = None, clock: Clock | None = None) -> LibsqlTransport:
+        """The transport the settings describe (`EdgeSettings.load()` when none are given)."""
+        return cls(settings=settings or EdgeSettings.load(), clock=clock)
+
+    def __repr__(self) -> str:  # never the token
+        return f"<LibsqlTransport prefix={self.settings.prefix} profile={self.settings.profile}>"
+
+    @property
+    def clock(self) -> Clock | None:
+        """The injected clock, or None for the database's."""
+        return self._core.clock if self._core is not None else None
+
+    @property
+    def max_deliveries(self) -> int:
+        return self._core.max_deliveries
+
+    def publish(self, group_id: str, event: Event, priority: int = 0, routing_key: str | None = None) -> None:
+        self._call(self._core.publish(group_id, event, priority, routing_key))
+
+    def publish_many(self, messages: Iterable[Message | tuple]) -> int:
+        return self._call(self._core.publish_many(list(messages)))
+
+    def claim(
+        self, worker_id: str, visibility: float, min_priority: int = 0, routing_keys: Sequence[str] | None = None
+    ) -> Lease | None:
+        return self._call(self._core.claim(worker_id, visibility, min_priority, routing_keys))
+
+    def claim_many(
+        self, worker_id: str, visibility: float, n: int, min_priority: int = 0, routing_keys: Sequence[str] | None = None
+    ) -> list[Lease]:
+        return self._call(self._core.claim_many(worker_id, visibility, n, min_priority, routing_keys))
+
+    def ack(self, lease: Lease) -> bool:
+        return self._call(self._core.ack(lease))
+
+    def ack_many(self, leases: Sequence[Lease]) -> list[bool]:
+        return self._call(self._core.ack_many(list(leases)))
+
+    def nack(self, lease: Lease, delay: float = 0.0) -> bool:
+        return self._call(self._core.nack(lease, delay))
+
+    def failed(self, lease: Lease, error: BaseException | str) -> None:
+        self._core.failed(lease, error)
+
+    def deliveries(self, lease: Lease) -> int | None:
+        return self._core.deliveries(lease)
+
+    def bury(self, lease: Lease) -> bool:
+        return self._call(self._core.bury(lease))
+
+    def depth(self) -> int:
+        return self._call(self._core.depth())
+
+    def execute(self, statement: str, params: Sequence[Any] = ()) -> list[tuple]:
+        """One statement of the caller's through this transport's executor (inspection, tools)."""
+        return self._call(self._core.execute(statement, params))

@@ -1,0 +1,129 @@
+"""EdgeStore: harel's sync execution store, the async `EventStore` on a loop thread of its own,
+for sync code (harel's sync worker, the CLI's publish, seeding, a user's script)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harel.engine.execution import Execution
+from harel.engine.schema import Names, store_schema
+
+from harel_edge.errors import SchemaError
+from harel_edge.executor import open_executor
+from harel_edge.loop_thread import SyncFace
+from harel_edge.queue.leases import EventPath
+from harel_edge.settings import EdgeSettings
+from harel_edge.store.core import EventStore
+
+_TABLE_EXISTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+
+
+def store_tables(prefix: str) -> list[str]:
+    """harel's execution-store tables under `prefix`, as harel creates them for SQLite."""
+    return list(store_schema("sqlite", prefix))
+
+
+class _OwnedStore(EventStore):
+    """An `EventStore` that owns its executor, so closing the face closes it."""
+
+    async def close(self) -> None:
+        await self.path.executor.aclose()
+
+
+async def _open(settings: EdgeSettings, create_schema: bool) -> _OwnedStore:
+    store = _OwnedStore(EventPath(open_executor(settings), settings))
+    try:
+        if create_schema:
+            await store.path.run("store.schema", lambda: _create_tables(store, settings.prefix))
+        else:
+            rows = (await store.path.execute(_TABLE_EXISTS, Names(settings.prefix).executions)).rows
+            if not rows:
+                raise SchemaError(
+                    f"{Names(settings.prefix).executions} does not exist and create_schema=False: run "
+                    "`harel-edge migrate` (or apply `harel-edge migrate --print-sql` with your migration tool)"
+                )
+    except BaseException:
+        await store.close()
+        raise
+    return store
+
+
+async def _create_tables(store: EventStore, prefix: str) -> None:
+    for statement in store_tables(prefix):
+        await store.path.execute(statement)
+
+
+class EdgeStore(SyncFace):
+    """harel's `ExecutionStore` for sync callers: one SQL and retry policy for sync and async,
+    on the profile's executor; safe to share between threads."""
+
+    def __init__(self, settings: EdgeSettings | None = None, *, create_schema: bool = True) -> None:
+        self.settings = settings or EdgeSettings.load()
+        self._core: EventStore = self._start("harel-edge-store", _open(self.settings, create_schema))
+
+    def __repr__(self) -> str:  # never the token
+        return f"<EdgeStore prefix={self.settings.prefix} profile={self.settings.profile}>"
+
+    @property
+    def trace_max(self) -> int:
+        return self._core.trace_max
+
+    @trace_max.setter
+    def trace_max(self, value: int) -> None:
+        self._core.trace_max = value
+
+    def execute(self, statement: str, params: tuple = ()) -> list[tuple]:
+        """One statement of the caller's through this store's executor (inspection, tools)."""
+        return self._call(self._core.path.execute(statement, *params)).rows
+
+    # ---- harel's ExecutionStore -------------------------------------------------------------
+
+    def load(self, execution_id: str) -> Execution | None:
+        return self._call(self._core.load(execution_id))
+
+    def load_for_event(self, execution_id: str, event_id: str) -> tuple[Execution | None, bool]:
+        return self._call(self._core.load_for_event(execution_id, event_id))
+
+    def is_processed(self, execution_id: str, event_id: str) -> bool:
+        return self._call(self._core.is_processed(execution_id, event_id))
+
+    def list_executions(self, **filters: Any) -> Any:
+        if filters.get("status") is not None:
+            filters["status"] = list(filters["status"])
+        return self._call(self._core.list_executions(**filters))
+
+    def read_trace(self, execution_id: str) -> list[dict]:
+        return self._call(self._core.read_trace(execution_id))
+
+    def pending_outbox(self) -> list:
+        return self._call(self._core.pending_outbox())
+
+    def pending_spawns(self) -> list:
+        return self._call(self._core.pending_spawns())
+
+    def due_timers(self, now: float) -> list[tuple[str, str, float]]:
+        return self._call(self._core.due_timers(now))
+
+    def ids_with_prefix(self, prefix: str) -> list[str]:
+        return self._call(self._core.ids_with_prefix(prefix))
+
+    def save(self, exe: Execution) -> None:
+        self._call(self._core.save(exe))
+
+    def commit(self, exe: Execution, emits: list, *args: Any, **kwargs: Any) -> list[int]:
+        return self._call(self._core.commit(exe, emits, *args, **kwargs))
+
+    def append_trace(self, execution_id: str, entry: dict) -> None:
+        self._call(self._core.append_trace(execution_id, entry))
+
+    def ack_outbox(self, seq: int) -> None:
+        self._call(self._core.ack_outbox(seq))
+
+    def ack_spawn(self, seq: int) -> None:
+        self._call(self._core.ack_spawn(seq))
+
+    def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
+        self._call(self._core.delete_timer(execution_id, path, fire_at))
+
+    def purge(self, execution_id: str, expected_version: int) -> bool:
+        return self._call(self._core.purge(execution_id, expected_version))
