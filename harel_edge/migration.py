@@ -4,74 +4,105 @@ the workers' own schema step, after `access.check_writable`.
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
-from harel_edge import retry, schema
+from harel_edge import migrations, retry
 from harel_edge.access import open_for_writing
 from harel_edge.connection import EdgeConnection
+from harel_edge.executor import open_executor
 from harel_edge.inspection import check_usable, database_facts
 from harel_edge.settings import EdgeSettings
 from harel_edge.status import settings_summary
-from harel_edge.store import store_tables
 
 
 @dataclass(frozen=True)
 class Migration:
-    """The schema version a database had, the one it has now, and which database it was."""
+    """The schema version a database had, the one it has now, which database it was, and the
+    versions applied (for its prefix: a new prefix in a database at 6 gets 4, 5 and 6)."""
 
     found: int
     version: int
     where: str  # as `settings_summary` says it
+    applied: tuple[int, ...] = ()
 
     @property
     def up_to_date(self) -> bool:
-        return self.found == self.version
+        return not self.applied
 
 
 def migrate(settings: EdgeSettings, *, adopt: bool = False) -> Migration:
     """Create or upgrade the schema with the workers' `prepare`; idempotent, safe while workers run."""
     connection: EdgeConnection = open_for_writing(settings, adopt=adopt)
     try:
-        found = prepare(connection, migrate=True, adopt=adopt)
+        done = _prepare(connection, migrate=True, adopt=adopt)
     finally:
         connection.close()
-    return Migration(found, schema.SCHEMA_VERSION, settings_summary(settings))
+    return Migration(done.found, done.version, settings_summary(settings), done.applied)
 
 
 def migration_script(prefix: str) -> str:
-    """The whole schema as SQL for a team whose migration tool owns it (`migrate --print-sql`)."""
+    """Every version as SQL, one transaction each, for a team whose migration tool owns the
+    schema (`migrate --print-sql`): the same list the workers apply."""
     lines = [
-        f"-- harel_edge schema version {schema.SCHEMA_VERSION}, table prefix {prefix!r}.",
-        "-- Run once on a NEW database, in this order. On a database made by harel 0.9 (its transport",
-        "-- tables without routing_key), run this first, once:",
-        f"--   {schema.routing_upgrade(prefix)};",
-        "",
+        f"-- harel_edge schema version {migrations.SCHEMA_VERSION}, table prefix {prefix!r}.",
+        "-- PRAGMA user_version is the database's version: apply, in order, the versions above it",
+        "-- (each refuses to run, with an integer overflow, unless the one before it is there). On a",
+        "-- harel 0.9 database (version 0, its tables already there) version 4 creates only what is",
+        "-- missing. For a second prefix in a database already migrated, run `harel-edge migrate`.",
     ]
-    lines += [f"{statement};" for statement in schema.migration_sql(prefix)]
-    lines += ["", "-- harel's execution store (the worker's EdgeStore), as harel creates it:"]
-    lines += [f"{statement};" for statement in store_tables(prefix)]
+    statements = migrations.migration_sql(prefix)
+    number = iter(migrations.VERSIONS)
+    for statement in statements:
+        if statement == "BEGIN IMMEDIATE":
+            version = next(number)
+            lines += ["", f"-- version {version.number}: {version.summary}"]
+        lines.append(f"{statement};")
     return "\n".join(lines) + "\n"
 
 
-def prepare(connection: EdgeConnection, *, migrate: bool, adopt: bool = False) -> int:
+def prepare(connection: Any, *, migrate: bool, adopt: bool = False) -> int:
     """Refuse a foreign or newer database, then create or upgrade every table the worker uses.
 
     Returns the version found; under the retry policy, idempotent and safe when workers start at once.
     """
-    settings = connection.settings
+    return _prepare(connection, migrate=migrate, adopt=adopt).found
+
+
+def _prepare(connection: Any, *, migrate: bool, adopt: bool) -> migrations.Outcome:
+    settings: EdgeSettings = connection.settings
     where = settings.server or settings.db_path
 
-    def work() -> int:
+    def work() -> migrations.Outcome:
         facts = database_facts(connection.execute)
         check_usable(facts, settings.prefix, where, adopt=adopt)
         if not migrate:
-            return facts.user_version
-        found = schema.migrate(connection.execute, settings.prefix)
-        for statement in store_tables(settings.prefix):
-            connection.execute(statement)
-        return found
+            return migrations.Outcome(facts.user_version, facts.user_version)
+        if settings.profile == "local":
+            return migrations.upgrade(connection.execute, settings.prefix)
+        done = on_primary(settings)
+        if done.applied:
+            connection.sync()  # a replica's file sees the new tables before anything reads them
+        return done
 
     return retry.call_with_retry(settings, "migrate", work, recover=connection.recover)
+
+
+def on_primary(settings: EdgeSettings) -> migrations.Outcome:
+    """`migrations.upgrade_async` on the primary of a sqld or replica profile, each version one
+    Hrana request, from a loop of its own (sync callers may be on a thread of a running loop)."""
+
+    async def work() -> migrations.Outcome:
+        executor = open_executor(settings)
+        try:
+            return await migrations.upgrade_async(executor, settings.prefix)
+        finally:
+            await executor.aclose()
+
+    with ThreadPoolExecutor(1, thread_name_prefix="harel-edge-migrate") as thread:
+        return thread.submit(asyncio.run, work()).result()
 
 
 def prepare_database(settings: EdgeSettings, *, adopt: bool = False) -> int:

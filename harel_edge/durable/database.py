@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from harel_edge import retry, schema
+from harel_edge import migrations, retry
 from harel_edge.connection import EdgeConnection
 from harel_edge.connection import connect as open_connection
 from harel_edge.durable.types import DatabaseClosedError
@@ -290,11 +290,12 @@ def connect(settings: EdgeSettings | str | os.PathLike[str] | None = None, **ove
 async def migrate(database: Database) -> int:
     """Create or upgrade every harel_edge table in this database; returns the version it had.
 
-    Idempotent from every process at every start; a newer database raises `SchemaTooNewError` untouched.
+    Each missing version once, as one unit of work; a newer database raises `SchemaTooNewError` untouched.
     """
-    prefix = database.settings.prefix
-    return await database.call("durable.migrate", _migrate, prefix)
+    if database.closed:
+        raise DatabaseClosedError(_CLOSED)
 
+    async def attempt() -> int:
+        return (await database._unit(migrations.upgrade_async(database.executor, database.settings.prefix))).found
 
-def _migrate(connection: EdgeConnection | StreamConnection, prefix: str) -> int:
-    return schema.migrate(connection.execute, prefix)
+    return await retry.acall_with_retry(database.settings, "durable.migrate", attempt)

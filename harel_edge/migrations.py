@@ -1,0 +1,259 @@
+"""The schema's numbered versions from harel 0.9's tables on, each applied once, in ONE transaction
+with its `user_version` bump, serialised by the write lock (docs/operations.md, "Upgrades").
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from harel.engine.schema import DEFAULT_PREFIX
+
+from harel_edge import schema
+from harel_edge.errors import SchemaError, SchemaTooNewError
+from harel_edge.executor import Stmt
+
+
+@dataclass(frozen=True)
+class Version:
+    """One step: what it adds to the objects every prefix shares (the durable stores') and to one
+    prefix's own, and `marks`: names that exist in a prefix for which this is the newest version."""
+
+    number: int
+    summary: str
+    shared: Callable[[], list[str]]
+    prefixed: Callable[[str], list[str]]
+    marks: Callable[[str], list[str]]
+
+
+def _none() -> list[str]:
+    return []
+
+
+VERSIONS: tuple[Version, ...] = (
+    Version(
+        4,
+        "harel 0.9's execution store and transport tables, as harel creates them",
+        _none,
+        schema.harel_tables,
+        schema.harel_names,
+    ),
+    Version(
+        5,
+        "routing keys; one-statement publish and ack; the durable stores",
+        schema.durable_v5,
+        schema.routing_v5,
+        lambda prefix: [schema.EdgeNames(prefix).publish_view],
+    ),
+    Version(
+        6,
+        "claim-time round-robin, idempotent publish, dead letters, scheduler generations",
+        schema.durable_v6,
+        lambda prefix: [*schema.claim_times_v6(prefix), *schema.publish_once_v6(prefix), *schema.dead_letters_v6(prefix)],
+        lambda prefix: [schema.EdgeNames(prefix).claim_trigger],
+    ),
+)
+
+SCHEMA_VERSION = VERSIONS[-1].number
+
+
+def refuse_newer(found: int, where: str = "this database") -> None:
+    """The one check that a database was not written by a newer harel_edge (which this one must
+    not touch), with the one message that says what to do."""
+    if found > SCHEMA_VERSION:
+        raise SchemaTooNewError(
+            f"{where} has schema version {found}, newer than {SCHEMA_VERSION} which this harel_edge "
+            "understands: upgrade harel_edge here (never downgrade a database); nothing was changed"
+        )
+
+
+# ---- where a database and a prefix are ------------------------------------------------------------
+
+
+def _present(names: Sequence[str]) -> str:
+    listed = ", ".join(f"'{name}'" for name in dict.fromkeys(names))  # names are checked identifiers
+    return f"(SELECT count(DISTINCT name) FROM sqlite_master WHERE name IN ({listed})) = {len(set(names))}"
+
+
+def _state_columns(prefix: str) -> tuple[str, str]:
+    """SQL for the database's version, and the prefix's: the newest version whose marks, and
+    harel's tables (made again by version 4 where one is missing), are all there."""
+    base, *later = VERSIONS
+    cases = " ".join(f"WHEN {_present(v.marks(prefix))} THEN {v.number}" for v in reversed(later))
+    own = f"(CASE WHEN NOT {_present(base.marks(prefix))} THEN 0 {cases} ELSE {base.number} END)"
+    return "(SELECT user_version FROM pragma_user_version)", own
+
+
+def state_sql(prefix: str = DEFAULT_PREFIX) -> str:
+    """One read: (the database's `user_version`, the prefix's version)."""
+    return "SELECT {}, {}".format(*_state_columns(prefix))
+
+
+def _refusal(condition: str) -> str:
+    """A statement that fails (integer overflow) unless `condition` holds: a transaction planned
+    from a state someone else has since moved ends there, rolled back."""
+    return f"SELECT abs(CASE WHEN {condition} THEN 0 ELSE -9223372036854775807 - 1 END)"
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One version's transaction for one prefix, planned from the state it must still find."""
+
+    version: int
+    statements: list[str]
+
+
+def plan(found: int, at: int, prefix: str = DEFAULT_PREFIX) -> Unit | None:
+    """The next version to apply to a database at `found` whose prefix is at `at`, or None."""
+    for version in VERSIONS:
+        database, own = version.number > found, version.number > at
+        if not (database or own):
+            continue
+        user_version, prefix_version = _state_columns(prefix)
+        statements = [_refusal(f"{user_version} = {found} AND {prefix_version} = {at}")]
+        statements += version.shared() if database else []
+        statements += version.prefixed(prefix) if own else []
+        statements += [f"PRAGMA user_version = {version.number}"] if database else []
+        return Unit(version.number, statements)
+    return None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The database's version before and after, and the versions this call applied."""
+
+    found: int
+    version: int
+    applied: tuple[int, ...] = ()
+
+
+# ---- applying them --------------------------------------------------------------------------------
+
+_READ = object()
+Steps = Generator[Any, Any, Outcome]
+
+
+def _steps(prefix: str) -> Steps:
+    """The migration as requests: yields `_READ` for the state's rows, or a unit's statements
+    for one transaction (sent back: None, or what it raised)."""
+    found, at = _state((yield _READ))
+    first, applied = found, []
+    while (unit := plan(found, at, prefix)) is not None:
+        error = yield unit.statements
+        now = _state((yield _READ))
+        if error is None:
+            applied.append(unit.version)
+        elif now == (found, at):  # no race lost: a real failure, and nothing of it applied
+            raise error
+        found, at = now
+    return Outcome(first, found, tuple(applied))
+
+
+def _state(rows: list[tuple]) -> tuple[int, int]:
+    found, at = int(rows[0][0]), int(rows[0][1])
+    refuse_newer(found)
+    return found, at
+
+
+Atomic = Callable[[list[str]], Any]
+
+
+def upgrade(execute: schema.Execute, prefix: str = DEFAULT_PREFIX, *, atomic: Atomic | None = None) -> Outcome:
+    """Apply every version the database or `prefix` lacks: reads through `execute(sql)`, each
+    version through `atomic(statements)` (one transaction; default: `interactive(execute)`)."""
+    run = atomic or interactive(execute)
+    sql = state_sql(prefix)
+    steps, reply = _steps(prefix), None
+    try:
+        while True:
+            request = steps.send(reply)
+            if request is _READ:
+                reply = execute(sql)
+                continue
+            try:
+                run(request)
+                reply = None
+            except Exception as exc:  # noqa: BLE001 - handed back: a lost race or re-raised
+                reply = exc
+    except StopIteration as done:
+        return done.value
+
+
+async def upgrade_async(executor: Any, prefix: str = DEFAULT_PREFIX) -> Outcome:
+    """`upgrade` through an executor (harel_edge.executor): each version one `transaction`, so
+    one Hrana request to a remote primary; reads are `execute` units."""
+    sql = state_sql(prefix)
+    steps, reply = _steps(prefix), None
+    try:
+        while True:
+            request = steps.send(reply)
+            if request is _READ:
+                reply = (await executor.execute(Stmt(sql))).rows
+                continue
+            try:
+                await executor.transaction([Stmt(statement) for statement in request])
+                reply = None
+            except Exception as exc:  # noqa: BLE001 - handed back: a lost race or re-raised
+                reply = exc
+    except StopIteration as done:
+        return done.value
+
+
+def migrate(execute: schema.Execute, prefix: str = DEFAULT_PREFIX) -> int:
+    """`upgrade` on one connection's `execute`; returns the version the database had."""
+    return upgrade(execute, prefix).found
+
+
+def interactive(execute: schema.Execute) -> Atomic:
+    """Each unit as BEGIN IMMEDIATE ... COMMIT through `execute`, which must keep one connection
+    (a local file's); refused where each statement would commit on its own."""
+
+    def atomic(statements: list[str]) -> None:
+        execute("BEGIN IMMEDIATE")
+        try:
+            _refuse_autocommit(execute)
+            for statement in statements:
+                execute(statement)
+            execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                execute("ROLLBACK")
+            raise
+
+    return atomic
+
+
+def _refuse_autocommit(execute: schema.Execute) -> None:
+    try:
+        execute("BEGIN")
+    except Exception as exc:  # noqa: BLE001 - the answer wanted: a transaction is open
+        if "within a transaction" in str(exc).lower():
+            return
+        raise
+    raise SchemaError(
+        "this execute() does not keep a transaction open (each statement commits alone), so a schema "
+        "version could be half applied: pass the profile's executor to harel_edge.migrations.upgrade_async"
+    )
+
+
+# ---- as SQL, for a migration tool --------------------------------------------------------------
+
+
+def migration_sql(prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """Every version as the statements of its transaction, for a database that has no other
+    prefix (`migrate --print-sql`); each stops (integer overflow) unless the version before it is there."""
+    statements, before = [], 0
+    for version in VERSIONS:
+        statements += [
+            "BEGIN IMMEDIATE",
+            _refusal(f"(SELECT user_version FROM pragma_user_version) = {before}"),
+            *version.shared(),
+            *version.prefixed(prefix),
+            f"PRAGMA user_version = {version.number}",
+            "COMMIT",
+        ]
+        before = version.number
+    return statements
+
