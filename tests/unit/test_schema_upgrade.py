@@ -1,9 +1,11 @@
-"""A file made by harel 0.9 is upgraded in place; a file from a newer harel_edge is refused."""
+"""The transport at start: a file made by harel 0.9 or an earlier harel_edge is upgraded in place,
+one from a newer harel_edge is refused."""
 
 from __future__ import annotations
 
 import multiprocessing
 import sqlite3
+from pathlib import Path
 
 import pytest
 from harel.engine.transport import LibsqlTransport as HarelLibsqlTransport
@@ -150,10 +152,9 @@ def test_the_migration_sql_builds_a_database_the_transport_accepts_as_is(tmp_pat
         t.close()
 
 
-def test_the_routing_upgrade_statement_upgrades_a_harel_file_for_a_migration_tool(tmp_path):
+def test_the_migration_sql_upgrades_a_harel_file_for_a_migration_tool_with_nothing_run_before_it(tmp_path):
     path = harel_file(tmp_path, "LibsqlTransport")
     with sqlite3.connect(path) as db:
-        db.execute(schema.routing_upgrade())
         for statement in schema.migration_sql():
             db.execute(statement)
     t = LibsqlTransport(path, create_schema=False)
@@ -172,28 +173,16 @@ def test_a_file_that_is_not_a_database_is_refused_and_left_untouched(tmp_path):
     assert path.read_bytes() == before
 
 
+V5_SCHEMA = (Path(__file__).parent / "schemas" / "v5.sql").read_text()  # as version 5 left a new file
+
+
 def version_5_file(tmp_path):
     """A file as schema version 5 left it: the scheduler queue without `generation`, whose
     arrival trigger did not bump it, and a workflow waiting in it."""
     path = str(tmp_path / "v5.db")
     with sqlite3.connect(path) as db:
-        db.execute(
-            "CREATE TABLE workflow_queue (namespace TEXT NOT NULL, workflow TEXT NOT NULL,"
-            " visible_at REAL NOT NULL, PRIMARY KEY (namespace, workflow)) WITHOUT ROWID"
-        )
-        db.execute(
-            "CREATE VIEW workflow_arrival (workflow, step, value, written_at, namespace, visible_at)"
-            " AS SELECT NULL, NULL, NULL, NULL, NULL, NULL WHERE 0"
-        )
-        db.execute(
-            "CREATE TRIGGER workflow_arrival_insert INSTEAD OF INSERT ON workflow_arrival BEGIN"
-            " INSERT INTO workflow_queue (namespace, workflow, visible_at)"
-            " SELECT NEW.namespace, NEW.workflow, NEW.visible_at WHERE NEW.namespace IS NOT NULL"
-            " ON CONFLICT (namespace, workflow) DO UPDATE SET visible_at = MIN(visible_at, excluded.visible_at);"
-            " END"
-        )
+        db.executescript(V5_SCHEMA)
         db.execute("INSERT INTO workflow_queue VALUES ('ns', 'w1', 100.0)")
-        db.execute("PRAGMA user_version = 5")
     return path
 
 
@@ -228,38 +217,12 @@ def _open_and_close(path):
     LibsqlTransport(path).close()
 
 
-# The transport's schema as version 5 (and version 6 until claim times) made it: the claim
-# trigger stamped a group with its lease's deadline, and routed claims had their own index.
-EARLIER_QUEUE = [
-    "CREATE TABLE harel_transport_messages (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
-    " group_id TEXT NOT NULL, event TEXT NOT NULL, locked_by TEXT, lock_expiry REAL)",
-    "CREATE TABLE harel_transport_groups (group_id TEXT PRIMARY KEY,"
-    " last_claimed_at REAL NOT NULL DEFAULT 0.0, priority INT NOT NULL DEFAULT 0, routing_key TEXT)",
-    "CREATE INDEX harel_transport_groups_by_last_claimed ON harel_transport_groups (last_claimed_at)",
-    "CREATE INDEX harel_transport_messages_by_group ON harel_transport_messages (group_id, seq)",
-    "CREATE INDEX harel_transport_groups_by_routing_key ON harel_transport_groups (routing_key, last_claimed_at)",
-    "CREATE VIEW harel_transport_publish AS SELECT m.group_id, m.event, g.priority, g.routing_key"
-    " FROM harel_transport_messages m JOIN harel_transport_groups g ON g.group_id = m.group_id WHERE 0",
-    "CREATE TRIGGER harel_transport_publish INSTEAD OF INSERT ON harel_transport_publish BEGIN"
-    " INSERT OR IGNORE INTO harel_transport_groups (group_id, priority, routing_key)"
-    " VALUES (NEW.group_id, COALESCE(NEW.priority, 0), NEW.routing_key);"
-    " INSERT INTO harel_transport_messages (group_id, event) VALUES (NEW.group_id, NEW.event); END",
-    "CREATE TRIGGER harel_transport_on_claim AFTER UPDATE OF locked_by ON harel_transport_messages"
-    " WHEN NEW.locked_by IS NOT NULL BEGIN"
-    " UPDATE harel_transport_groups SET last_claimed_at = NEW.lock_expiry WHERE group_id = NEW.group_id; END",
-    "CREATE TRIGGER harel_transport_on_drain AFTER DELETE ON harel_transport_messages BEGIN"
-    " DELETE FROM harel_transport_groups WHERE group_id = OLD.group_id"
-    " AND NOT EXISTS (SELECT 1 FROM harel_transport_messages WHERE group_id = OLD.group_id); END",
-]
-
-
-def earlier_queue_file(tmp_path, version):
-    """A queue in use as that code left it, at 1000 s: `leased` held until 1300, `parked` until
-    1050, `free` waiting (its head's lease ended at 990)."""
-    path = version_5_file(tmp_path) if version == 5 else str(tmp_path / "v6.db")
+def earlier_queue_file(tmp_path):
+    """A queue in use as version 5 left it, at 1000 s (its claim trigger stamped a group with its
+    lease's deadline): `leased` held until 1300, `parked` until 1050, `free` waiting (its head's
+    lease ended at 990)."""
+    path = version_5_file(tmp_path)
     with sqlite3.connect(path) as db:
-        for statement in EARLIER_QUEUE:
-            db.execute(statement)
         for group in ("leased", "parked", "free"):
             for i in (1, 2):
                 db.execute(
@@ -273,7 +236,6 @@ def earlier_queue_file(tmp_path, version):
                 " WHERE seq = (SELECT MIN(seq) FROM harel_transport_messages WHERE group_id = ?)",
                 (locked_by, expiry, group),
             )
-        db.execute(f"PRAGMA user_version = {version}")
     return path
 
 
@@ -282,9 +244,8 @@ def schema_objects(path):
         return db.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
 
 
-@pytest.mark.parametrize("version", [5, 6])
-def test_a_queue_in_use_is_upgraded_to_claim_times_and_its_groups_in_flight_stay_in_flight(tmp_path, version):
-    path = earlier_queue_file(tmp_path, version)
+def test_a_queue_in_use_is_upgraded_to_claim_times_and_its_groups_in_flight_stay_in_flight(tmp_path):
+    path = earlier_queue_file(tmp_path)
     now = [1000.0]
     t = LibsqlTransport(path, lambda: now[0])
     try:
