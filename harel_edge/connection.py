@@ -26,6 +26,7 @@ from harel_edge.errors import (
     NotADatabaseError,
     PrimaryUnavailableError,
 )
+from harel_edge.redaction import scrub
 from harel_edge.settings import EdgeSettings
 
 Rows = list[tuple]
@@ -256,7 +257,7 @@ def explain_connect_error(settings: EdgeSettings, exc: BaseException) -> Excepti
     local = settings.profile != "sqld" and not any(w in lowered for w in ("delegation", "hrana", "status:"))
     if "malformed" in lowered and "not a database" not in lowered and not local:
         return NotADatabaseError(
-            f"the primary at {where} reports its database damaged ({_scrub(text, settings)}): restore "
+            f"the primary at {where} reports its database damaged ({scrub(text, settings.auth_token)}): restore "
             "the primary's database from a backup"
         )
     if "malformed" in lowered and "not a database" not in lowered:
@@ -287,7 +288,7 @@ def explain_connect_error(settings: EdgeSettings, exc: BaseException) -> Excepti
         )
     if any(word in lowered for word in ("401", "403", "unauthorized", "forbidden", "jwt", "auth")):
         return AuthError(
-            f"the primary at {where} refused the credentials ({_scrub(text, settings)}): set "
+            f"the primary at {where} refused the credentials ({scrub(text, settings.auth_token)}): set "
             "HAREL_EDGE_AUTH_TOKEN to a valid read-write token for this database"
         )
     if any(
@@ -307,16 +308,7 @@ def explain_connect_error(settings: EdgeSettings, exc: BaseException) -> Excepti
         )
     ):
         return PrimaryUnavailableError(
-            f"cannot reach the primary at {where} ({_scrub(text, settings)}): check that it runs and "
+            f"cannot reach the primary at {where} ({scrub(text, settings.auth_token)}): check that it runs and "
             "that HAREL_EDGE_URL / HAREL_EDGE_SYNC_URL is its HTTP address"
         )
     return exc if isinstance(exc, Exception) else RuntimeError(text)
-
-
-def _scrub(text: str, settings: EdgeSettings) -> str:
-    """Remove the token from a driver message, should the driver ever echo it."""
-    if settings.auth_token:
-        secret = settings.auth_token.get_secret_value()
-        if secret:
-            text = text.replace(secret, "**********")
-    return text

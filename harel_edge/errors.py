@@ -4,9 +4,15 @@ for the operator reading a worker's log, and none ever includes a secret.
 
 from __future__ import annotations
 
+from harel_edge.redaction import scrub
+
 
 class HarelEdgeError(Exception):
-    """Base of every error harel_edge raises deliberately."""
+    """Base of every error harel_edge raises deliberately; its text is scrubbed of secrets as it
+    is made, whatever the driver or the primary put in it."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(scrub(a) if isinstance(a, str) else a for a in args))
 
 
 class ConfigurationError(HarelEdgeError, ValueError):

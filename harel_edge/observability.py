@@ -1,6 +1,6 @@
 """Logs and metrics: what an operator watching a fleet of edge workers reads and scrapes.
 
-Imports nothing of harel_edge, so every layer may count; design: docs/observability.md.
+Imports nothing of harel_edge but the scrubber, so every layer may count; design: docs/observability.md.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from typing import Literal
 
 import structlog
 from prometheus_client import Counter, Gauge, start_http_server
+
+from harel_edge.redaction import scrub_event
 
 LogFormat = Literal["json", "console"]
 
@@ -142,6 +144,7 @@ def configure_logging(fmt: LogFormat = "console", level: str = "info", stream=No
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.format_exc_info,
+            scrub_event,
             renderer,
         ],
     )

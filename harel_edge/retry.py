@@ -21,6 +21,7 @@ from tenacity import (
 
 from harel_edge import observability
 from harel_edge.errors import HarelEdgeError, PrimaryUnavailableError
+from harel_edge.redaction import scrub
 from harel_edge.settings import EdgeSettings
 
 log = structlog.get_logger("harel_edge.retry")
@@ -123,7 +124,8 @@ def needs_reopen(exc: BaseException) -> bool:
 
 
 def _error_text(exc: BaseException | None) -> str | None:
-    return None if exc is None else f"{type(exc).__name__}: {str(exc)[:300]}"
+    """An error as a log field: scrubbed before it is cut short, so no piece of a token is left."""
+    return None if exc is None else scrub(f"{type(exc).__name__}: {exc}")[:300]
 
 
 def _log_attempt(operation: str) -> Callable[[RetryCallState], None]:

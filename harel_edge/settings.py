@@ -21,6 +21,7 @@ from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_vali
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from harel_edge.errors import ConfigurationError
+from harel_edge.redaction import MARK, remember
 
 Profile = Literal["local", "sqld", "replica"]
 PROFILES: tuple[str, ...] = ("local", "sqld", "replica")
@@ -188,6 +189,7 @@ class EdgeSettings(BaseSettings):
             return None
         if any(not 33 <= ord(c) <= 126 for c in token):
             raise ValueError(TOKEN_WITH_WHITESPACE)
+        remember(token)  # scrubbed from every error and log line of this process from now on
         return token
 
     @field_validator("routing_keys", mode="before")
@@ -366,7 +368,7 @@ class EdgeSettings(BaseSettings):
     def redacted(self) -> dict[str, Any]:
         """Every setting as `config show` prints it: the token replaced by a marker."""
         data = self.model_dump()
-        data["auth_token"] = "**********" if self.auth_token else None
+        data["auth_token"] = MARK if self.auth_token else None
         data["routing_keys"] = list(self.routing_keys)
         return data
 

@@ -17,6 +17,7 @@ import structlog
 
 from harel_edge.errors import AuthError, PrimaryUnavailableError
 from harel_edge.executor import ClosesOnce, ExecutorClosedError, Result, StatementError, Stmt, Value
+from harel_edge.redaction import scrub
 from harel_edge.settings import EdgeSettings
 
 log = structlog.get_logger("harel_edge.executor.remote")
@@ -212,23 +213,23 @@ class HranaExecutor(ClosesOnce):
             ) from None
         except httpx.TransportError as exc:
             raise PrimaryUnavailableError(
-                f"cannot reach the primary at {self.where} ({type(exc).__name__}: {exc}): check that it "
+                f"cannot reach the primary at {self.where} ({type(exc).__name__}: {scrub(str(exc))}): check that it "
                 "runs and that HAREL_EDGE_URL / HAREL_EDGE_SYNC_URL is its HTTP address"
             ) from None
         if response.status_code in (401, 403):
             raise AuthError(
                 f"the primary at {self.where} refused the credentials (HTTP {response.status_code}: "
-                f"{response.text[:200]}): set HAREL_EDGE_AUTH_TOKEN to a valid read-write token"
+                f"{scrub(response.text)[:200]}): set HAREL_EDGE_AUTH_TOKEN to a valid read-write token"
             )
         if response.status_code >= 500 or response.status_code == 429:
             raise PrimaryUnavailableError(
                 f"the primary at {self.where} answered HTTP {response.status_code} "
-                f"({response.text[:200]}); retried under the retry policy"
+                f"({scrub(response.text)[:200]}); retried under the retry policy"
             )
         if response.status_code != 200:
             raise ValueError(
                 f"the primary at {self.where} rejected the request: HTTP {response.status_code} "
-                f"{response.text[:300]}"
+                f"{scrub(response.text)[:300]}"
             )
         try:
             answer = response.json()
