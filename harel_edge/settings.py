@@ -14,7 +14,7 @@ import socket
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from harel.engine.schema import Names
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -28,7 +28,8 @@ PROFILES: tuple[str, ...] = ("local", "sqld", "replica")
 
 # The schemes libsql.connect accepts for a server. `libsql://` is Turso's (TLS); `http://` is a
 # self-hosted sqld's Hrana-over-HTTP port.
-SERVER_SCHEMES = ("http", "https", "libsql", "ws", "wss")
+SERVER_SCHEMES = ("http", "https", "libsql")  # what the libsql driver opens (ws:// and wss:// it takes for a file)
+WEBSOCKET_SCHEMES = {"ws": "http", "wss": "https"}
 
 
 # The publish window's range: at least a retry's whole default deadline (60 s) past the first
@@ -217,6 +218,11 @@ class EdgeSettings(BaseSettings):
             Names(value)
         except ValueError as exc:
             raise ValueError(f"HAREL_EDGE_PREFIX: {exc}") from None
+        if f"{value}_".lower().startswith("sqlite_"):  # every table is named `<prefix>_...`
+            raise ValueError(
+                f"HAREL_EDGE_PREFIX={value!r} would name the tables sqlite_..., which SQLite reserves for "
+                "itself (CREATE TABLE fails): choose another prefix, e.g. the default 'harel'"
+            )
         return value
 
     @field_validator("sync_interval")
@@ -424,6 +430,12 @@ def warn_unknown_variables(env_files: Any = None) -> None:
 
 def _check_server_url(variable: str, url: str) -> None:
     parts = urlsplit(url)
+    if parts.scheme in WEBSOCKET_SCHEMES:
+        same = urlunsplit((WEBSOCKET_SCHEMES[parts.scheme], *parts[1:]))
+        raise ValueError(
+            f"{variable}={url!r} is a WebSocket URL, which the libsql driver cannot open (every command "
+            f"would fail): set {variable}={same} for the same server"
+        )
     if parts.scheme not in SERVER_SCHEMES or not parts.hostname:
         raise ValueError(
             f"{variable}={url!r} is not a server URL: set it to http://host:port (self-hosted sqld) "

@@ -33,9 +33,9 @@ TIMEOUT = httpx.Timeout(connect=5.0, read=30.0, write=10.0, pool=30.0)
 
 
 def http_base_url(url: str) -> str:
-    """The HTTP address of a primary: `libsql://` and `wss://` are Turso's HTTPS, `ws://` is HTTP."""
+    """The HTTP address of a primary: `libsql://` is Turso's HTTPS (the settings refuse `ws://`)."""
     parts = urlsplit(url)
-    scheme = {"libsql": "https", "wss": "https", "ws": "http"}.get(parts.scheme, parts.scheme)
+    scheme = {"libsql": "https"}.get(parts.scheme, parts.scheme)
     if scheme not in ("http", "https"):
         raise ValueError(f"{url!r} is not an http://, https:// or libsql:// address")
     return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/"), "", ""))

@@ -35,7 +35,7 @@ def test_a_message_is_dead_lettered_after_ten_failed_deliveries_unless_told_othe
     assert load(monkeypatch, HAREL_EDGE_MAX_DELIVERIES="0").max_deliveries == 0, "0: never"
 
 
-def test_a_group_remembers_the_event_ids_it_was_sent_for_a_day_unless_told_otherwise(monkeypatch):
+def test_a_group_remembers_the_event_ids_it_was_sent_for_an_hour_unless_told_otherwise(monkeypatch):
     assert load(monkeypatch).publish_window == 3600
     assert load(monkeypatch, HAREL_EDGE_PUBLISH_WINDOW="600").publish_window == 600
 
@@ -98,6 +98,13 @@ def test_the_token_never_appears_in_repr_str_or_config_show(monkeypatch):
         ({"HAREL_EDGE_SYNC_URL": "http://127.0.0.1:8080", "HAREL_EDGE_SYNC_INTERVAL": "often"}, "HAREL_EDGE_SYNC_INTERVAL", "valid number"),
         ({"HAREL_EDGE_PREFIX": "1-bad"}, "HAREL_EDGE_PREFIX", "must be an identifier"),
         ({"HAREL_EDGE_PREFIX": "x" * 31}, "HAREL_EDGE_PREFIX", "at most 30 characters"),
+        ({"HAREL_EDGE_PREFIX": "sqlite"}, "HAREL_EDGE_PREFIX='sqlite'", "reserves for itself"),
+        ({"HAREL_EDGE_PREFIX": "sqlite_x"}, "HAREL_EDGE_PREFIX='sqlite_x'", "reserves for itself"),
+        ({"HAREL_EDGE_PREFIX": "SQLITE_x"}, "HAREL_EDGE_PREFIX='SQLITE_x'", "reserves for itself"),
+        ({"HAREL_EDGE_PROFILE": "sqld", "HAREL_EDGE_URL": "ws://127.0.0.1:8080"}, "HAREL_EDGE_URL='ws://127.0.0.1:8080'", "set HAREL_EDGE_URL=http://127.0.0.1:8080"),
+        ({"HAREL_EDGE_PROFILE": "sqld", "HAREL_EDGE_URL": "wss://db.example.com"}, "HAREL_EDGE_URL='wss://db.example.com'", "set HAREL_EDGE_URL=https://db.example.com"),
+        ({"HAREL_EDGE_SYNC_URL": "wss://db.example.com"}, "HAREL_EDGE_SYNC_URL='wss://db.example.com'", "set HAREL_EDGE_SYNC_URL=https://db.example.com"),
+        ({"HAREL_LIBSQL_SYNC_URL": "ws://127.0.0.1:8080"}, "HAREL_EDGE_SYNC_URL='ws://127.0.0.1:8080'", "WebSocket"),
         ({"HAREL_EDGE_VISIBILITY": "0"}, "HAREL_EDGE_VISIBILITY", "positive number of seconds"),
         ({"HAREL_EDGE_VISIBILITY": "-5"}, "HAREL_EDGE_VISIBILITY", "positive number of seconds"),
         ({"HAREL_EDGE_BUSY_TIMEOUT_MS": "-1"}, "HAREL_EDGE_BUSY_TIMEOUT_MS", "positive whole number"),
@@ -221,3 +228,30 @@ def test_settings_given_in_code_warn_about_no_variable(monkeypatch, warnings_log
     monkeypatch.setenv("HAREL_EDGE_PROFLE", "sqld")
     ExplicitSettings.load(db_path="q.db")
     assert warnings_log.records == []
+
+
+@pytest.mark.parametrize("prefix", ["sqlite", "sqlite_x", "SQLITE_x", "Sqlite_", "sqlitex", "x_sqlite", "_sqlite", "_", "a" * 30])
+def test_a_prefix_the_settings_accept_is_one_the_database_accepts(tmp_path, prefix):
+    from harel_edge.migration import prepare_database
+
+    try:
+        settings = ExplicitSettings.load(profile="local", db_path=str(tmp_path / "q.db"), prefix=prefix)
+    except ConfigurationError as exc:
+        assert "HAREL_EDGE_PREFIX" in str(exc)
+        return
+    prepare_database(settings)  # creates every table under the prefix, on a real file
+
+
+def test_the_docs_state_the_publish_windows_default_as_the_settings_have_it():
+    import re
+    from pathlib import Path
+
+    assert EdgeSettings.model_fields["publish_window"].default == 3600
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    stated = [
+        (page.name, said)
+        for page in docs.glob("*.md")
+        for said in re.findall(r"HAREL_EDGE_PUBLISH_WINDOW`?(?: seconds)?\s*\(default\s+([^;)]*)", page.read_text())
+    ]
+    assert len(stated) >= 2, f"the docs state the default in transport.md's table and text: {stated}"
+    assert all(said.startswith(("an hour", "3600", "3,600")) for _, said in stated), stated
