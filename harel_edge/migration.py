@@ -35,7 +35,7 @@ class Migration:
 
 def migrate(settings: EdgeSettings, *, adopt: bool = False) -> Migration:
     """Create or upgrade the schema with the workers' `prepare`; idempotent, safe while workers run."""
-    connection: EdgeConnection = open_for_writing(settings, adopt=adopt)
+    connection = open_for_writing(settings, adopt=adopt)
     try:
         done = _prepare(connection, migrate=True, adopt=adopt)
     finally:
@@ -80,14 +80,25 @@ def _prepare(connection: Any, *, migrate: bool, adopt: bool) -> migrations.Outco
         check_usable(facts, settings.prefix, where, adopt=adopt)
         if not migrate:
             return migrations.Outcome(facts.user_version, facts.user_version)
-        if settings.profile == "local":
-            return migrations.upgrade(connection.execute, settings.prefix)
-        done = on_primary(settings)
-        if done.applied:
-            connection.sync()  # a replica's file sees the new tables before anything reads them
-        return done
+        return upgrade(connection)
 
-    return retry.call_with_retry(settings, "migrate", work, recover=connection.recover)
+    return retry.call_with_retry(settings, "migrate", work, recover=getattr(connection, "recover", None))
+
+
+def upgrade(connection: Any) -> migrations.Outcome:
+    """The versions the database or the prefix lacks, each one transaction: through the
+    connection's own `transaction` (a `Statements` face, one unit of its executor), on a local
+    file's one connection, or else on the primary (an EdgeConnection or Hrana stream elsewhere)."""
+    settings: EdgeSettings = connection.settings
+    if hasattr(connection, "transaction"):
+        units = connection.transaction
+        return migrations.upgrade(connection.execute, settings.prefix, atomic=lambda s: units([(x, ()) for x in s]))
+    if settings.profile == "local":
+        return migrations.upgrade(connection.execute, settings.prefix)
+    done = on_primary(settings)
+    if done.applied:
+        connection.sync()  # a replica's file sees the new tables before anything reads them
+    return done
 
 
 def on_primary(settings: EdgeSettings) -> migrations.Outcome:
