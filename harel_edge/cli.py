@@ -356,14 +356,15 @@ def status(
 @handled
 def migrate(
     ctx: typer.Context,
-    print_sql: bool = typer.Option(False, "--print-sql", help="Print the schema as SQL and change nothing."),
+    print_sql: bool = typer.Option(False, "--print-sql", help="Print the schema versions as SQL; change nothing."),
     adopt: bool = typer.Option(
         False, "--adopt", help="Add harel_edge's tables to a database that holds other applications' tables."
     ),
 ) -> None:
     """Create or upgrade the schema.
 
-    Idempotent and safe while workers run; --print-sql prints the schema and touches nothing.
+    Each missing version once, in one transaction; safe while workers run. --print-sql prints
+    the versions as SQL and touches nothing.
     """
     settings = ctx.obj.settings()
     if print_sql:
@@ -373,7 +374,12 @@ def migrate(
     if done.up_to_date:
         out.print(f"schema version {done.found}: up to date ({done.where})", markup=False)
     else:
-        out.print(f"schema version {done.found} -> {done.version} ({done.where})", markup=False)
+        applied = ", ".join(str(number) for number in done.applied)
+        out.print(
+            f"schema version {done.found} -> {done.version}, applied {applied} for prefix {settings.prefix!r}"
+            f" ({done.where})",
+            markup=False,
+        )
 
 
 # ---- config ---------------------------------------------------------------------------------------
