@@ -201,6 +201,13 @@ async def upgrade_async(executor: Any, prefix: str = DEFAULT_PREFIX) -> Outcome:
         return done.value
 
 
+def missing(execute: schema.Execute, prefix: str = DEFAULT_PREFIX) -> tuple[int, ...]:
+    """The versions the database or `prefix` lacks, read only: for callers that must not migrate
+    (`create_schema=False`); a newer database raises `SchemaTooNewError`."""
+    found, at = _state(execute(state_sql(prefix)))
+    return tuple(v.number for v in VERSIONS if v.number > min(found, at))
+
+
 def migrate(execute: schema.Execute, prefix: str = DEFAULT_PREFIX) -> int:
     """`upgrade` on one connection's `execute`; returns the version the database had."""
     return upgrade(execute, prefix).found

@@ -180,6 +180,23 @@ def test_a_second_prefix_gets_every_version_for_its_own_tables_and_leaves_the_fi
     }
 
 
+def test_what_is_missing_is_read_without_writing_anything(tmp_path):
+    path = tmp_path / "v5.db"
+    legacy(path, 5, with_store=True)
+    before = path.read_bytes()
+    db = open_db(path)
+    assert migrations.missing(executing(db)) == (6,)
+    assert migrations.missing(executing(db), "other") == (4, 5, 6)
+    db.close()
+    assert path.read_bytes() == before
+    upgrade(path)
+    with sqlite3.connect(path) as db:
+        assert migrations.missing(executing(db)) == ()
+        db.execute(f"PRAGMA user_version = {LATEST + 1}")
+        with pytest.raises(SchemaTooNewError):
+            migrations.missing(executing(db))
+
+
 def test_a_plan_another_process_made_stale_is_refused_inside_its_transaction_and_skipped(tmp_path):
     path = tmp_path / "stale.db"
     db, other, reads = open_db(path), open_db(path), []
