@@ -1,6 +1,6 @@
 """Dead letters: the messages and workflows a worker moved aside, as `harel-edge dead-letter` runs them.
 
-Each write is ONE statement through `schema.dead_letter_tables`' views (docs/operations.md).
+Each write is ONE statement through the views of `schema.dead_letters_v6` (docs/operations.md).
 """
 
 from __future__ import annotations
