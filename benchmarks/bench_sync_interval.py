@@ -1,7 +1,7 @@
 """What an embedded replica's sync_interval costs and buys, measured on a real sqld.
 
 Run: `.venv/bin/python benchmarks/bench_sync_interval.py [--quick] [--backend binary|docker]
-[--sections lag,idle,claims,bootstrap]`. Prints one table per section; docs/tuning.md reports them.
+[--sections lag,idle,bootstrap]`. Prints one table per section; docs/tuning.md reports them.
 
 - lag: a row written on the primary (remote connection) until the replica's LOCAL read returns it,
   polled every 0.5 ms. Each write waits a random part of the interval first, so writes land at
@@ -10,10 +10,6 @@ Run: `.venv/bin/python benchmarks/bench_sync_interval.py [--quick] [--backend bi
 - idle: what the background sync costs when nothing happens: CPU of the replica's process and of
   sqld (binary backend: /proc), per second of wall time, one replica. 0.01 s is below the
   settings' floor and is opened with the raw driver to show why the floor is there.
-- claims: one replica worker claiming and acking a backlog (20 groups) through harel_edge's
-  transport, for each interval, and with no interval plus an explicit `.sync()` before every
-  claim, or every 50 claims; rounds interleaved, median kept. A fresh primary per row: a new replica replays the primary's
-  whole log, so rows must not inherit each other's history.
 - bootstrap: opening a NEW replica (connect + first sync) after 0, 10k and 50k write
   transactions on the primary (autocommitted single-row INSERTs, sent 200 to a request), with
   sqld's defaults and with `--max-log-size 8` (sqld then compacts its replication log into a
@@ -38,9 +34,7 @@ os.environ.setdefault("RUST_LOG", "error")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import libsql  # noqa: E402
-from harel.spec.states import Event  # noqa: E402
 
-from harel_edge import LibsqlTransport, Message  # noqa: E402
 from harel_edge.connection import EdgeConnection  # noqa: E402
 from harel_edge.settings import ExplicitSettings  # noqa: E402
 from harel_edge.testing import start_sqld_primary  # noqa: E402
@@ -161,61 +155,6 @@ def section_idle(backend: str, quick: bool) -> None:
             print(f"{label:>14} {mine_pct:14.2f} {theirs_pct}")
 
 
-# ---- claim throughput -----------------------------------------------------------------------------
-
-
-def drain(transport: LibsqlTransport, sync_every: int | None) -> int:
-    done = 0
-    while True:
-        if sync_every and done % sync_every == 0:
-            transport.connection.sync()
-        lease = transport.claim("w", 30)
-        if lease is None:
-            return done
-        transport.ack(lease)
-        done += 1
-
-
-def claim_rate(backend: str, messages: int, interval: float | None, sync_every: int | None) -> float:
-    """claim+ack per second of one replica worker draining `messages` on a fresh primary."""
-    with start_sqld_primary(backend=backend) as server, tempfile.TemporaryDirectory() as tmp:
-        publisher = LibsqlTransport(
-            settings=ExplicitSettings.load(profile="sqld", url=server.http_url, auth_token=server.rw_token)
-        )
-        publisher.publish_many(Message(f"g{n % 20}", Event(kind="job")) for n in range(messages))
-        publisher.close()
-        worker = LibsqlTransport(settings=replica_settings(server, Path(tmp) / "w.db", interval))
-        began = time.perf_counter()
-        done = drain(worker, sync_every)
-        elapsed = time.perf_counter() - began
-        worker.close()
-        if done != messages:
-            raise RuntimeError(f"drained {done} of {messages}")
-        return done / elapsed
-
-
-def section_claims(backend: str, quick: bool) -> None:
-    messages, rounds = (150, 1) if quick else (300, 3)
-    print(
-        f"\n## claim throughput: one replica worker claims and acks {messages} messages (20 groups); "
-        f"median of {rounds} interleaved rounds"
-    )
-    variants: list[tuple[str, float | None, int | None]] = [
-        ("no sync", None, None),
-        ("sync before each claim", None, 1),
-        ("sync every 50 claims", None, 50),
-        *[(f"sync_interval={i:g}", i, None) for i in INTERVALS],
-    ]
-    rates: dict[str, list[float]] = {label: [] for label, _, _ in variants}
-    for _round in range(rounds):  # interleaved, so a change in the machine's load hits every variant
-        for label, interval, sync_every in variants:
-            rates[label].append(claim_rate(backend, messages, interval, sync_every))
-    print(f"{'variant':>22} {'claim+ack/s':>12} {'ms each':>8} {'rounds':>20}")
-    for label, values in rates.items():
-        rate = statistics.median(values)
-        print(f"{label:>22} {rate:12.1f} {fmt_ms(1 / rate)} {' '.join(f'{v:.0f}' for v in values):>20}")
-
-
 # ---- bootstrap ------------------------------------------------------------------------------------
 
 
@@ -282,7 +221,6 @@ def section_bootstrap(backend: str, quick: bool) -> None:
 SECTIONS = {
     "lag": section_lag,
     "idle": section_idle,
-    "claims": section_claims,
     "bootstrap": section_bootstrap,
 }
 

@@ -33,7 +33,6 @@ from harel.engine.execution import Execution, Status
 from harel.spec.states import Event
 
 from harel_edge import observability
-from harel_edge.connection import EdgeConnection
 from harel_edge.executor import Stmt, open_executor
 from harel_edge.migration import prepare_database
 from harel_edge.queue import LibsqlTransport, Message
@@ -55,14 +54,10 @@ def messages(orders: int) -> list[Message]:
 
 def seed_edge(settings, orders: int) -> None:
     prepare_database(settings)
-    connection = EdgeConnection(settings)
-    try:
-        store = EdgeStore(connection=connection, create_schema=False)
+    with EdgeStore(settings, create_schema=False) as store, LibsqlTransport(settings=settings, create_schema=False) as t:
         for i in range(orders):
             store.save(Execution(id=f"order-{i:04d}", definition_id="order", priority=i % 4))
-        LibsqlTransport(connection=connection, create_schema=False).publish_many(messages(orders))
-    finally:
-        connection.close()
+        t.publish_many(messages(orders))
 
 
 class Probe:

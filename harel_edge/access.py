@@ -8,7 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harel_edge.connection import EdgeConnection, explain_connect_error
 from harel_edge.errors import AuthError
 from harel_edge.inspection import (
     Execute,
@@ -20,6 +19,7 @@ from harel_edge.inspection import (
     raise_missing,
     write_access,
 )
+from harel_edge.loop_thread import Statements
 from harel_edge.settings import EdgeSettings
 
 READ_ONLY_FILE_FIX = (
@@ -40,11 +40,16 @@ def primary_settings(settings: EdgeSettings) -> EdgeSettings:
     return settings.model_copy(update={"profile": "sqld", "url": settings.sync_url, "sync_url": None})
 
 
-def probe(settings: EdgeSettings) -> EdgeConnection:
-    """A direct connection to the primary (sqld, or a replica's primary). It tells a refused
-    token from an unreachable primary, which an embedded replica's sync cannot (both are a
-    handshake timeout there)."""
-    return EdgeConnection(primary_settings(settings))
+def probe(settings: EdgeSettings) -> Statements:
+    """The primary itself (sqld, or a replica's primary) over Hrana, asked once at open: an
+    `AuthError` tells a refused token from an unreachable primary, which a replica's sync cannot."""
+    primary = Statements(primary_settings(settings))
+    try:
+        primary.execute("SELECT 1")
+    except BaseException:
+        primary.close()
+        raise
+    return primary
 
 
 def check_writable(settings: EdgeSettings, *, adopt: bool = False) -> None:
@@ -67,9 +72,7 @@ def check_writable(settings: EdgeSettings, *, adopt: bool = False) -> None:
             try:
                 primary.execute(f"PRAGMA user_version = {int(facts.user_version)}")
                 allowed = True
-            except ValueError as exc:
-                if not isinstance(explain_connect_error(settings, exc), AuthError):
-                    raise
+            except AuthError:
                 allowed = False
         if not allowed:
             raise AuthError(READ_ONLY_TOKEN.format(where=settings.server))
@@ -77,10 +80,11 @@ def check_writable(settings: EdgeSettings, *, adopt: bool = False) -> None:
         primary.close()
 
 
-def open_for_writing(settings: EdgeSettings, *, adopt: bool = False) -> EdgeConnection:
-    """The profile's connection, after `check_writable`."""
+def open_for_writing(settings: EdgeSettings, *, adopt: bool = False) -> Statements:
+    """The profile's executor for sync code, after `check_writable` (a replica's writes go to
+    its primary over Hrana, as every remote write does)."""
     check_writable(settings, adopt=adopt)
-    return EdgeConnection(settings)
+    return Statements(settings)
 
 
 @dataclass
@@ -121,8 +125,8 @@ def with_primary_writer(settings: EdgeSettings, work: Callable[[Execute], Any]) 
     """Run `work` on the primary itself (on a replica too: what it writes must be decided
     there, and read back from there), after `check_writable`."""
     check_writable(settings)
-    connection = EdgeConnection(settings) if settings.profile == "local" else probe(settings)
+    primary = Statements(primary_settings(settings))
     try:
-        return work(connection.execute)
+        return work(primary.execute)
     finally:
-        connection.close()
+        primary.close()

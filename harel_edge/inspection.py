@@ -13,6 +13,7 @@ from pathlib import Path
 
 from harel_edge import schema
 from harel_edge.errors import (
+    AuthError,
     DamagedDatabaseError,
     DatabaseAccessError,
     ForeignDatabaseError,
@@ -264,6 +265,8 @@ def write_access(execute: Execute, facts: DatabaseFacts, prefix: str) -> bool | 
         return None
     try:
         execute(f"DELETE FROM {EdgeNames(prefix).messages} WHERE 0")
+    except AuthError:
+        return False
     except ValueError as exc:
         text = str(exc).lower()
         if "403" in text or "forbidden" in text or "permissiondenied" in text.replace(" ", ""):

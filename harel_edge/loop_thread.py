@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from harel_edge.executor import ExecutorClosedError
+from harel_edge.executor import ExecutorClosedError, Stmt, open_executor
 
 T = TypeVar("T")
 
@@ -70,12 +70,11 @@ class SyncFace:
     @property
     def core(self) -> Any:
         """The async object this face runs, for code that mixes sync and async callers."""
+        if self._core is None:
+            raise ExecutorClosedError(f"this {type(self).__name__} was closed: open a new one to go on")
         return self._core
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self._core is None:
-            coro.close()
-            raise ExecutorClosedError(f"this {type(self).__name__} was closed: open a new one to go on")
         return self._loop.call(coro)
 
     def close(self) -> None:
@@ -94,3 +93,36 @@ class SyncFace:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
+
+
+class _Statements:
+    """An executor as an object with `close`, so a `SyncFace` can own it."""
+
+    def __init__(self, executor: Any) -> None:
+        self.executor = executor
+
+    async def close(self) -> None:
+        await self.executor.aclose()
+
+
+async def _open_statements(settings: Any) -> _Statements:
+    return _Statements(open_executor(settings))
+
+
+class Statements(SyncFace):
+    """The profile's executor for sync code (the CLI's commands, tools): one statement or one
+    transaction at a time, each one unit of work (one Hrana request to a remote primary)."""
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+        self._start("harel-edge-statements", _open_statements(settings))
+
+    def __repr__(self) -> str:  # never the token
+        return f"<Statements profile={self.settings.profile}>"
+
+    def execute(self, sql: str, params: tuple | list = ()) -> list[tuple]:
+        return self._call(self.core.executor.execute(Stmt(sql, tuple(params)))).rows
+
+    def transaction(self, statements: list[tuple[str, tuple]]) -> list[list[tuple]]:
+        units = [Stmt(sql, tuple(params)) for sql, params in statements]
+        return [result.rows for result in self._call(self.core.executor.transaction(units))]

@@ -12,7 +12,7 @@ from harel.engine.schema import DEFAULT_PREFIX
 from harel.engine.transport import Lease
 from harel.spec.states import Event
 
-from harel_edge import schema
+from harel_edge import migrations
 from harel_edge.executor import blocking_execute, open_executor
 from harel_edge.loop_thread import SyncFace
 from harel_edge.queue import statements as sql
@@ -65,11 +65,13 @@ class AsyncLibsqlTransport(EventTransport):
         return self
 
     async def _prepare(self, create_schema: bool) -> None:
-        """The schema steps are sync code: run them on a thread whose statements go through the
-        executor, so the loop keeps running while they travel."""
+        """Apply the versions the database lacks (each one unit of work), or check it is current.
+        The check is sync code: on a thread whose statements go through the executor."""
+        if create_schema:
+            await migrations.upgrade_async(self.path.executor, self.settings.prefix)
+            return
         execute = blocking_execute(self.path.executor, asyncio.get_running_loop())
-        step = schema.migrate if create_schema else sql.check_schema
-        await asyncio.to_thread(step, execute, self.settings.prefix)
+        await asyncio.to_thread(sql.check_schema, execute, self.settings.prefix)
 
     def __repr__(self) -> str:  # never the token
         return f"<AsyncLibsqlTransport prefix={self.settings.prefix} profile={self.settings.profile} {self.path.executor!r}>"
@@ -126,45 +128,45 @@ class LibsqlTransport(SyncFace):
 
     @property
     def max_deliveries(self) -> int:
-        return self._core.max_deliveries
+        return self.core.max_deliveries
 
     def publish(self, group_id: str, event: Event, priority: int = 0, routing_key: str | None = None) -> None:
-        self._call(self._core.publish(group_id, event, priority, routing_key))
+        self._call(self.core.publish(group_id, event, priority, routing_key))
 
     def publish_many(self, messages: Iterable[Message | tuple]) -> int:
-        return self._call(self._core.publish_many(list(messages)))
+        return self._call(self.core.publish_many(list(messages)))
 
     def claim(
         self, worker_id: str, visibility: float, min_priority: int = 0, routing_keys: Sequence[str] | None = None
     ) -> Lease | None:
-        return self._call(self._core.claim(worker_id, visibility, min_priority, routing_keys))
+        return self._call(self.core.claim(worker_id, visibility, min_priority, routing_keys))
 
     def claim_many(
         self, worker_id: str, visibility: float, n: int, min_priority: int = 0, routing_keys: Sequence[str] | None = None
     ) -> list[Lease]:
-        return self._call(self._core.claim_many(worker_id, visibility, n, min_priority, routing_keys))
+        return self._call(self.core.claim_many(worker_id, visibility, n, min_priority, routing_keys))
 
     def ack(self, lease: Lease) -> bool:
-        return self._call(self._core.ack(lease))
+        return self._call(self.core.ack(lease))
 
     def ack_many(self, leases: Sequence[Lease]) -> list[bool]:
-        return self._call(self._core.ack_many(list(leases)))
+        return self._call(self.core.ack_many(list(leases)))
 
     def nack(self, lease: Lease, delay: float = 0.0) -> bool:
-        return self._call(self._core.nack(lease, delay))
+        return self._call(self.core.nack(lease, delay))
 
     def failed(self, lease: Lease, error: BaseException | str) -> None:
-        self._core.failed(lease, error)
+        self.core.failed(lease, error)
 
     def deliveries(self, lease: Lease) -> int | None:
-        return self._core.deliveries(lease)
+        return self.core.deliveries(lease)
 
     def bury(self, lease: Lease) -> bool:
-        return self._call(self._core.bury(lease))
+        return self._call(self.core.bury(lease))
 
     def depth(self) -> int:
-        return self._call(self._core.depth())
+        return self._call(self.core.depth())
 
     def execute(self, statement: str, params: Sequence[Any] = ()) -> list[tuple]:
         """One statement of the caller's through this transport's executor (inspection, tools)."""
-        return self._call(self._core.execute(statement, params))
+        return self._call(self.core.execute(statement, params))

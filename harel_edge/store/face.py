@@ -66,64 +66,64 @@ class EdgeStore(SyncFace):
 
     @property
     def trace_max(self) -> int:
-        return self._core.trace_max
+        return self.core.trace_max
 
     @trace_max.setter
     def trace_max(self, value: int) -> None:
-        self._core.trace_max = value
+        self.core.trace_max = value
 
     def execute(self, statement: str, params: tuple = ()) -> list[tuple]:
         """One statement of the caller's through this store's executor (inspection, tools)."""
-        return self._call(self._core.path.execute(statement, *params)).rows
+        return self._call(self.core.path.execute(statement, *params)).rows
 
     # ---- harel's ExecutionStore -------------------------------------------------------------
 
     def load(self, execution_id: str) -> Execution | None:
-        return self._call(self._core.load(execution_id))
+        return self._call(self.core.load(execution_id))
 
     def load_for_event(self, execution_id: str, event_id: str) -> tuple[Execution | None, bool]:
-        return self._call(self._core.load_for_event(execution_id, event_id))
+        return self._call(self.core.load_for_event(execution_id, event_id))
 
     def is_processed(self, execution_id: str, event_id: str) -> bool:
-        return self._call(self._core.is_processed(execution_id, event_id))
+        return self._call(self.core.is_processed(execution_id, event_id))
 
     def list_executions(self, **filters: Any) -> Any:
         if filters.get("status") is not None:
             filters["status"] = list(filters["status"])
-        return self._call(self._core.list_executions(**filters))
+        return self._call(self.core.list_executions(**filters))
 
     def read_trace(self, execution_id: str) -> list[dict]:
-        return self._call(self._core.read_trace(execution_id))
+        return self._call(self.core.read_trace(execution_id))
 
     def pending_outbox(self) -> list:
-        return self._call(self._core.pending_outbox())
+        return self._call(self.core.pending_outbox())
 
     def pending_spawns(self) -> list:
-        return self._call(self._core.pending_spawns())
+        return self._call(self.core.pending_spawns())
 
     def due_timers(self, now: float) -> list[tuple[str, str, float]]:
-        return self._call(self._core.due_timers(now))
+        return self._call(self.core.due_timers(now))
 
     def ids_with_prefix(self, prefix: str) -> list[str]:
-        return self._call(self._core.ids_with_prefix(prefix))
+        return self._call(self.core.ids_with_prefix(prefix))
 
     def save(self, exe: Execution) -> None:
-        self._call(self._core.save(exe))
+        self._call(self.core.save(exe))
 
     def commit(self, exe: Execution, emits: list, *args: Any, **kwargs: Any) -> list[int]:
-        return self._call(self._core.commit(exe, emits, *args, **kwargs))
+        return self._call(self.core.commit(exe, emits, *args, **kwargs))
 
     def append_trace(self, execution_id: str, entry: dict) -> None:
-        self._call(self._core.append_trace(execution_id, entry))
+        self._call(self.core.append_trace(execution_id, entry))
 
     def ack_outbox(self, seq: int) -> None:
-        self._call(self._core.ack_outbox(seq))
+        self._call(self.core.ack_outbox(seq))
 
     def ack_spawn(self, seq: int) -> None:
-        self._call(self._core.ack_spawn(seq))
+        self._call(self.core.ack_spawn(seq))
 
     def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
-        self._call(self._core.delete_timer(execution_id, path, fire_at))
+        self._call(self.core.delete_timer(execution_id, path, fire_at))
 
     def purge(self, execution_id: str, expected_version: int) -> bool:
-        return self._call(self._core.purge(execution_id, expected_version))
+        return self._call(self.core.purge(execution_id, expected_version))

@@ -14,6 +14,7 @@ from cli_helpers import COMMAND, env_for, run
 from harel.spec.states import Event
 
 from harel_edge import LibsqlTransport
+from harel_edge.connection import EdgeConnection
 from harel_edge.schema import SCHEMA_VERSION
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
@@ -125,7 +126,7 @@ def test_migrate_print_sql_touches_nothing_and_builds_a_schema_the_commands_acce
     # A worker that only checks the schema (a migration tool owns it) runs a statechart on it:
     # every table it reads and writes is there, as the printed SQL made it.
     for kind, data in (("Start", "{}"), ("Pay", '{"amount": 4.0}'), ("Ship", "{}"), ("Deliver", "{}")):
-        extra = ["--create", "order"] if kind == "Start" else []
+        extra = ["--create", "order", "-D", EXAMPLES] if kind == "Start" else []
         assert run(["publish", "order-1", kind, "--data", data, *extra], env, tmp_path).returncode == 0
     log = tmp_path / "worker.log"
     command = [COMMAND, "--log-format", "json", "worker", "--no-migrate", "-D", EXAMPLES]
@@ -165,8 +166,11 @@ def test_global_options_override_the_environment(tmp_path):
 
 
 def test_doctor_passes_on_a_healthy_database_and_checks_the_primarys_clock(place, tmp_path):
-    env = env_for(place.values())
+    values = place.values()
+    env = env_for(values)
     assert run(["migrate"], env, tmp_path).returncode == 0
+    if place.profile == "replica":  # as a worker does at start: the replica file syncs
+        EdgeConnection(ExplicitSettings.load(**values)).close()
     checked = run(["doctor", "--json"], env, tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     report = json.loads(checked.stdout)

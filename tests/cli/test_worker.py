@@ -55,10 +55,9 @@ def outcome(settings, orders: list[str]) -> tuple[list[str], int, int, int]:
     store = EdgeStore(settings, create_schema=False)
     try:
         statuses = [store.load(o).status.name for o in orders]
-        c = store.connection
-        finished = c.execute("SELECT count(*) FROM workflow_checkpoint WHERE step = '$result'")[0][0]
-        ledger = c.execute("SELECT count(*) FROM demo_ledger")[0][0]
-        left = c.execute(f"SELECT count(*) FROM {settings.prefix}_transport_messages")[0][0]
+        finished = store.execute("SELECT count(*) FROM workflow_checkpoint WHERE step = '$result'")[0][0]
+        ledger = store.execute("SELECT count(*) FROM demo_ledger")[0][0]
+        left = store.execute(f"SELECT count(*) FROM {settings.prefix}_transport_messages")[0][0]
     finally:
         store.close()
     return statuses, finished, ledger, left
@@ -271,6 +270,8 @@ def test_an_execution_started_from_the_command_line_runs_on_the_worker(tmp_path)
             "Start",
             "--create",
             "order",
+            "-D",
+            EXAMPLES,
             "--data",
             '{"pack_seconds": 0}',
             "-p",

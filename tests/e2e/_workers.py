@@ -30,13 +30,11 @@ actually saw.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import secrets
 import signal
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -51,10 +49,8 @@ from harel.engine.transport import Lease  # noqa: E402
 
 from harel_edge import retry  # noqa: E402
 from harel_edge.connection import EdgeConnection  # noqa: E402
-from harel_edge.queue import (
-    AsyncLibsqlTransport,  # noqa: E402
-    LibsqlTransport,  # noqa: E402
-)
+from harel_edge.migration import prepare  # noqa: E402
+from harel_edge.queue import LibsqlTransport  # noqa: E402
 from harel_edge.settings import EdgeSettings, ExplicitSettings  # noqa: E402
 
 LOG_TABLE = "e2e_log"
@@ -264,41 +260,12 @@ def _settings(config: dict[str, Any]) -> EdgeSettings:
     return ExplicitSettings.load(**config)
 
 
-class BlockingEventTransport:
-    """The event path's transport (Hrana from an event loop) driven from this thread, so the
-    same `drain` loop checks it: each call runs on a loop of its own thread."""
-
-    def __init__(self, settings: EdgeSettings) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-        self._transport = self._call(AsyncLibsqlTransport.from_settings(settings))
-        self.settings = settings
-
-    def _call(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    def claim(self, worker: str, visibility: float, min_priority: int, routing_keys: Sequence[str]) -> Lease | None:
-        return self._call(self._transport.claim(worker, visibility, min_priority, routing_keys))
-
-    def ack(self, lease: Lease) -> bool:
-        return self._call(self._transport.ack(lease))
-
-    def close(self) -> None:
-        self._call(self._transport.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-
 def drain_process(config: dict[str, Any], spec: dict[str, Any], barrier: Any, results: Any) -> None:
     """A worker process of test_claim_serialization: open its own replica (or remote connection)
     and the log, wait for every worker to be ready, drain, report."""
     worker = spec["worker"]
     try:
-        if spec.get("path") == "event":
-            transport = BlockingEventTransport(_settings(config))
-        else:
-            transport = LibsqlTransport.from_settings(_settings(config))
+        transport = LibsqlTransport.from_settings(_settings(config))
         log = PrimaryLog(transport.settings, worker, spec["visibility"])
         barrier.wait(timeout=120)
         summary = drain(
@@ -367,13 +334,11 @@ def upgrading_process(
         log = PrimaryLog(settings, worker, spec["visibility"])
         barrier.wait(timeout=120)
         started = time.time()
-        transport = LibsqlTransport(connection=connection)
+        prepare(connection, migrate=True)  # the schema step, recorded
+        transport = LibsqlTransport(settings=settings, create_schema=False)
         results.put(
             {"worker": worker, "phase": "started", "statements": connection.statements, "at": started}
         )
-        if spec.get("path") == "event":  # upgraded by the schema step above; drained by the event path
-            transport.close()
-            transport = BlockingEventTransport(settings)
         old = drain(transport, log, worker=worker, visibility=spec["visibility"])
         results.put({"worker": worker, "phase": "old", **old})
         if not routed_published.wait(timeout=120):

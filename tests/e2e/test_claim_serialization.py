@@ -101,9 +101,7 @@ def remote(primary: SqldServer) -> EdgeConnection:
     )
 
 
-def run_workers(
-    profile: str, primary: SqldServer, tmp_path: Path, path: str = "sync"
-) -> tuple[list[dict[str, Any]], float]:
+def run_workers(profile: str, primary: SqldServer, tmp_path: Path) -> tuple[list[dict[str, Any]], float]:
     """Start the four workers, release them together, wait for their reports; (reports, seconds)."""
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(len(WORKERS) + 1)
@@ -113,7 +111,7 @@ def run_workers(
             target=_workers.drain_process,
             args=(
                 worker_config(profile, primary, tmp_path, spec["worker"]),
-                {**spec, "visibility": VISIBILITY, "path": path},
+                {**spec, "visibility": VISIBILITY},
                 barrier,
                 results,
             ),
@@ -145,14 +143,13 @@ def run_workers(
                 process.join()
 
 
-@pytest.mark.parametrize("path", ["sync", "event"], ids=["libsql transport", "event path"])
 @pytest.mark.parametrize("profile", ["replica", "sqld"])
 def test_four_workers_drain_2000_messages_once_each_in_group_order_with_one_in_flight_per_group(
-    profile: str, path: str, fresh_sqld_primary: SqldServer, tmp_path: Path
+    profile: str, fresh_sqld_primary: SqldServer, tmp_path: Path
 ) -> None:
     primary = fresh_sqld_primary
     published = publish_backlog(primary)
-    reports, elapsed = run_workers(profile, primary, tmp_path, path)
+    reports, elapsed = run_workers(profile, primary, tmp_path)
 
     errors = [report["error"] for report in reports if "error" in report]
     assert not errors, errors[0]
@@ -164,7 +161,7 @@ def test_four_workers_drain_2000_messages_once_each_in_group_order_with_one_in_f
     span = rows[-1][8] - rows[0][8]
     by_worker = {report["worker"]: report["acked"] for report in reports}
     print(
-        f"\n[{profile}, {path}] {TOTAL} messages, {GROUPS} groups, {len(WORKERS)} workers: drained in {elapsed:.2f} s "
+        f"\n[{profile}] {TOTAL} messages, {GROUPS} groups, {len(WORKERS)} workers: drained in {elapsed:.2f} s "
         f"({TOTAL / elapsed:.0f}/s; primary clock span {span:.2f} s); per worker {by_worker}; "
         f"p50 ms claim/ack/log {[(r['claim_p50_ms'], r['ack_p50_ms'], r['log_p50_ms']) for r in reports]}; {found}"
     )

@@ -101,8 +101,8 @@ def test_a_replica_opened_with_a_refused_token_fails_at_once_with_an_auth_error(
 def test_a_replica_is_synced_when_it_opens(fresh_sqld_primary, tmp_path):
     remote = LibsqlTransport(settings=remote_settings(fresh_sqld_primary))
     remote.publish("g", Event(kind="before-open"))
-    replica = LibsqlTransport(settings=replica_settings(fresh_sqld_primary, tmp_path / "r.db"))
-    assert replica.depth() == 1, "a local read, with no sync asked for"
+    replica = EdgeConnection(replica_settings(fresh_sqld_primary, tmp_path / "r.db"))
+    assert replica.execute("SELECT count(*) FROM q_transport_messages") == [(1,)], "a local read, no sync asked for"
     remote.close()
     replica.close()
 
@@ -111,18 +111,20 @@ def test_a_replica_with_a_sync_interval_sees_remote_writes_without_asking_and_on
     fresh_sqld_primary, tmp_path
 ):
     remote = LibsqlTransport(settings=remote_settings(fresh_sqld_primary))
-    periodic = LibsqlTransport(
-        settings=replica_settings(fresh_sqld_primary, tmp_path / "p.db", sync_interval=0.1)
-    )
-    manual = LibsqlTransport(settings=replica_settings(fresh_sqld_primary, tmp_path / "m.db"))
-    assert periodic.depth() == manual.depth() == 0
+    periodic = EdgeConnection(replica_settings(fresh_sqld_primary, tmp_path / "p.db", sync_interval=0.1))
+    manual = EdgeConnection(replica_settings(fresh_sqld_primary, tmp_path / "m.db"))
+
+    def depth(replica: EdgeConnection) -> int:
+        return replica.execute("SELECT count(*) FROM q_transport_messages")[0][0]
+
+    assert depth(periodic) == depth(manual) == 0
     remote.publish("g", Event(kind="remote-write"))
-    wait_until(lambda: periodic.depth() == 1, timeout=10, interval=0.02, what="the periodic sync")
-    assert manual.depth() == 0, "no sync_interval: nothing arrives until .sync()"
-    manual.connection.sync()
-    assert manual.depth() == 1
-    for t in (remote, periodic, manual):
-        t.close()
+    wait_until(lambda: depth(periodic) == 1, timeout=10, interval=0.02, what="the periodic sync")
+    assert depth(manual) == 0, "no sync_interval: nothing arrives until .sync()"
+    manual.sync()
+    assert depth(manual) == 1
+    for closable in (remote, periodic, manual):
+        closable.close()
 
 
 def test_a_replica_reads_its_own_publish_claim_and_ack_at_once(fresh_sqld_primary, tmp_path):
@@ -131,7 +133,7 @@ def test_a_replica_reads_its_own_publish_claim_and_ack_at_once(fresh_sqld_primar
     assert replica.depth() == 1, "its own publish, read locally without a sync"
     lease = replica.claim("w", 30)
     assert lease is not None and lease.event.kind == "mine"
-    ((locked_by,),) = replica.connection.execute("SELECT locked_by FROM q_transport_messages")
+    ((locked_by,),) = replica.execute("SELECT locked_by FROM q_transport_messages")
     assert locked_by == lease.token, "its own claim, read locally"
     assert replica.ack(lease)
     assert replica.depth() == 0, "its own ack, read locally"
