@@ -229,22 +229,19 @@ def _open(settings: EdgeSettings) -> Any:
 
 
 def _probe_primary(settings: EdgeSettings) -> Exception | None:
-    """Ask the primary directly why a replica could not sync: an `AuthError` when it refuses the
-    token, a `PrimaryUnavailableError` when it cannot be reached, None when it answers."""
-    token = settings.auth_token.get_secret_value() if settings.auth_token else ""
-    probe = None
+    """Ask the primary directly (over Hrana) why a replica could not sync: an `AuthError` when it
+    refuses the token, a `PrimaryUnavailableError` when it cannot be reached, None when it answers."""
+    from harel_edge.loop_thread import Statements  # noqa: PLC0415 - the bridge builds on the executors, which build on this
+
+    primary = Statements(settings.model_copy(update={"profile": "sqld", "url": settings.sync_url, "sync_url": None}))
     try:
-        probe = libsql.connect(settings.sync_url, auth_token=token, isolation_level=None)
-        probe.execute("SELECT 1").fetchall()
-    except Exception as exc:
-        explained = explain_connect_error(settings, exc)
-        return explained if isinstance(explained, (AuthError, PrimaryUnavailableError)) else None
+        primary.execute("SELECT 1")
+    except (AuthError, PrimaryUnavailableError) as exc:
+        return exc
+    except Exception:  # noqa: BLE001 - the primary answered: the sync's own error is the one to report
+        return None
     finally:
-        if probe is not None:
-            try:
-                probe.close()
-            except Exception:  # noqa: BLE001 - a probe that cannot close tells nothing more
-                pass
+        primary.close()
     return None
 
 
