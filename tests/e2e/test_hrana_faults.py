@@ -1,19 +1,29 @@
-"""Bad answers from the primary, on the worker's Hrana path to a real sqld.
+"""Bad answers from the primary, on every face, on a real sqld.
 
-`FaultyRelay` stands between the executor and the primary (an ASGI app the HTTP client is
-pointed at): it forwards each request to sqld, or fails it as told: before sqld sees it, or
-after sqld applied it and before the answer comes back, which is the ambiguous case.
+`FaultyRelay` (a real HTTP server on loopback) stands between the client and sqld: it forwards
+each request, or fails it as armed: before sqld sees it, or after sqld applied it and before
+the answer comes back, which is the ambiguous case. The same tests run on the async core (the
+worker's `EventTransport` and `EventStore` on one event path) and on the sync faces
+(`LibsqlTransport`, `EdgeStore`), on the sqld and replica profiles (both send their writes to the
+primary over Hrana), and the CLI's `publish` goes through the same relay.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import inspect
+import itertools
+import os
+import subprocess
+import sys
+import uuid
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
-import httpx
 import pytest
+from _fault_relay import AMBIGUOUS, FaultyRelay
 from harel.engine.execution import Execution
 from harel.spec.states import Event
 
@@ -21,149 +31,236 @@ from harel_edge.durable import LibsqlCheckpointer, LibsqlScheduler, SqlEffect, c
 from harel_edge.errors import AuthError
 from harel_edge.executor.remote import HranaExecutor
 from harel_edge.migration import prepare_database
-from harel_edge.queue import EventPath, EventTransport
+from harel_edge.queue import AsyncLibsqlTransport, EventPath, EventTransport, LibsqlTransport
 from harel_edge.settings import ExplicitSettings
-from harel_edge.store import EventStore
+from harel_edge.store import EdgeStore, EventStore
 
 pytestmark = pytest.mark.sqld
 
-
-class FaultyRelay:
-    """Forwards Hrana requests to sqld; `faults` lists what to do with the next requests."""
-
-    def __init__(self, upstream: str) -> None:
-        self.upstream = httpx.AsyncClient(base_url=upstream)
-        self.faults: list[str] = []
-        self.applied = 0  # requests sqld answered
-        self.transactions = 0  # of which carried a transaction (a batch)
-
-    async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001 - ASGI
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-        fault = self.faults.pop(0) if self.faults else None
-        if fault == "500 before":
-            return await _respond(send, 500, b"internal error")
-        if fault == "stream expired":
-            requests = json.loads(body)["requests"]
-            error = {"type": "error", "error": {"message": "stream expired", "code": "STREAM_EXPIRED"}}
-            return await _respond(send, 200, json.dumps({"baton": None, "results": [error] * len(requests)}).encode())
-        headers = {k.decode(): v.decode() for k, v in scope["headers"] if k.lower() in (b"authorization", b"content-type")}
-        answer = await self.upstream.post(scope["path"], content=body, headers=headers)
-        self.applied += 1
-        self.transactions += b'"type":"batch"' in body.replace(b" ", b"")
-        if fault == "500 after":
-            return await _respond(send, 500, b"internal error")
-        if fault == "garbage after":
-            return await _respond(send, 200, b'{"results": [{"type": "ok", "resp')
-        if fault == "closed after":
-            raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
-        await _respond(send, answer.status_code, answer.content)
+FACES = ["core", "sync"]
+PROFILES = ["sqld", "replica"]
+_prefixes = itertools.count()
 
 
-async def _respond(send, status: int, body: bytes) -> None:  # noqa: ANN001
-    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": body})
+@pytest.fixture
+def relay(sqld_primary):
+    with FaultyRelay(sqld_primary.http_url) as relay:
+        yield relay
 
 
-def _settings(server, **overrides):
-    values = {
-        "profile": "sqld",
-        "url": server.http_url,
+def _settings(server, url: str | None = None, *, profile: str = "sqld", tmp_path: Path | None = None, **overrides):
+    """Settings that reach `server` (through `url`, a relay, when given), with a prefix of their own."""
+    values: dict[str, Any] = {
         "auth_token": server.rw_token,
+        "prefix": f"f{next(_prefixes)}_{uuid.uuid4().hex[:6]}",
         "retry_initial_delay": 0.01,
         "retry_deadline": 20.0,
-        **overrides,
     }
+    if profile == "sqld":
+        values.update(profile="sqld", url=url or server.http_url)
+    else:
+        values.update(profile="replica", sync_url=url or server.http_url, db_path=str(tmp_path / f"{values['prefix']}.db"))
+    values.update(overrides)
     return ExplicitSettings.load(**values)
 
 
-@contextlib.asynccontextmanager
-async def relayed(server):
-    """A prepared database on `server`, and the event path to it through a `FaultyRelay`."""
-    settings = _settings(server)
-    prepare_database(settings)
-    relay = FaultyRelay(server.http_url)
-    executor = HranaExecutor(settings, transport=httpx.ASGITransport(app=relay))
-    path = EventPath(executor, settings)
+def _direct(server, settings):
+    """The same database and prefix, straight to sqld (no relay): to read what really landed."""
+    return ExplicitSettings.load(profile="sqld", url=server.http_url, auth_token=server.rw_token, prefix=settings.prefix)
+
+
+class Blocking:
+    """An async object's coroutine methods as plain calls, run on `loop` in this thread, so one
+    test body drives the async core and the sync faces alike."""
+
+    def __init__(self, target: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._target, self._loop = target, loop
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._target, name)
+        if inspect.iscoroutinefunction(value):
+            return lambda *args, **kwargs: self._loop.run_until_complete(value(*args, **kwargs))
+        return value
+
+
+@contextlib.contextmanager
+def opened(face: str, settings):
+    """(transport, store) of `face` on `settings`, each call blocking until it is answered."""
+    if face == "sync":
+        with LibsqlTransport(settings=settings) as transport, EdgeStore(settings) as store:
+            yield transport, store
+        return
+    loop = asyncio.new_event_loop()
     try:
-        yield relay, EventTransport(path), EventStore(path)
+        core = loop.run_until_complete(AsyncLibsqlTransport.from_settings(settings))
+        try:
+            yield Blocking(core, loop), Blocking(EventStore(core.path), loop)
+        finally:
+            loop.run_until_complete(core.close())
     finally:
-        await executor.aclose()
+        loop.close()
 
 
-AMBIGUOUS = ["500 after", "garbage after", "closed after"]
+@pytest.fixture(params=[(face, profile) for face in FACES for profile in PROFILES], ids=lambda p: f"{p[0]}-{p[1]}")
+def faced(request, sqld_primary, relay, tmp_path):
+    """The relay, and a transport and store of one face on one profile that reach sqld through it."""
+    face, profile = request.param
+    settings = _settings(sqld_primary, relay.url, profile=profile, tmp_path=tmp_path)
+    with opened(face, settings) as (transport, store):
+        yield relay, transport, store
 
 
-@pytest.mark.parametrize("fault", AMBIGUOUS)
-def test_a_commit_whose_answer_was_lost_is_looked_up_and_never_applied_twice(fresh_sqld_primary, fault):
-    async def main():
-        async with relayed(fresh_sqld_primary) as (relay, transport, store):
-            exe = Execution(id="x", definition_id="d")
-            await store.save(exe)
-            await transport.publish("x", Event(kind="go"))
-            lease = await transport.claim("w", 30)
-            loaded, _ = await store.load_for_event("x", lease.event.id)
-            relay.faults = [fault]
-            sent_before = relay.transactions
-            seqs = await store.commit(loaded, [(None, Event(kind="out"))], processed_event_id=lease.event.id)
-            assert relay.transactions == sent_before + 1, "the commit went once, then was looked up, not resent"
-            assert loaded.version == 2 and len(seqs) == 1 and seqs[0] > 0
-            assert await transport.ack(lease) is True, "the ack went out with the commit"
-            assert await transport.depth() == 0
-            assert [e.event.kind for e in await store.pending_outbox()] == ["out"], "one outbox entry, not two"
-            assert (await store.load("x")).version == 2
-
-    asyncio.run(main())
+def _fired(relay, fault):
+    """The fault armed was applied, once (a test whose fault never fired would prove nothing)."""
+    assert relay.fired == [fault] and relay.armed == [], "the fault was applied, once"
+    relay.fired.clear()
 
 
 @pytest.mark.parametrize("fault", AMBIGUOUS)
-def test_a_claim_whose_answer_was_lost_returns_the_lease_it_took(fresh_sqld_primary, fault):
-    async def main():
-        async with relayed(fresh_sqld_primary) as (relay, transport, _store):
-            await transport.publish("a", Event(kind="a1"))
-            await transport.publish("b", Event(kind="b1"))
-            relay.faults = [fault]
-            leases = await transport.claim_many("w", 30, 2)
-            assert sorted(lease.event.kind for lease in leases) == ["a1", "b1"]
-            assert await transport.claim_many("w", 30, 2) == [], "nothing was leased twice"
-            assert await transport.ack_many(leases) == [True, True]
+def test_a_commit_whose_answer_was_lost_is_looked_up_and_never_applied_twice(faced, fault):
+    relay, transport, store = faced
+    store.save(Execution(id="x", definition_id="d"))
+    transport.publish("x", Event(kind="go"))
+    lease = transport.claim("w", 30)
+    loaded, _ = store.load_for_event("x", lease.event.id)
+    relay.arm(fault)
+    sent_before = relay.transactions
+    seqs = store.commit(loaded, [(None, Event(kind="out"))], processed_event_id=lease.event.id)
+    _fired(relay, fault)
+    assert relay.transactions == sent_before + 1, "the commit went once, then was looked up, not resent"
+    assert loaded.version == 2 and len(seqs) == 1 and seqs[0] > 0
+    assert transport.ack(lease) is True
+    assert transport.depth() == 0
+    assert [e.event.kind for e in store.pending_outbox()] == ["out"], "one outbox entry, not two"
+    assert store.load("x").version == 2
+    assert store.is_processed("x", lease.event.id)
 
-    asyncio.run(main())
+
+@pytest.mark.parametrize("fault", AMBIGUOUS)
+def test_a_claim_many_whose_answer_was_lost_returns_the_leases_it_took(faced, fault):
+    relay, transport, _store = faced
+    transport.publish("a", Event(kind="a1"))
+    transport.publish("b", Event(kind="b1"))
+    relay.arm(fault)
+    leases = transport.claim_many("w", 30, 2)
+    _fired(relay, fault)
+    assert sorted(lease.event.kind for lease in leases) == ["a1", "b1"]
+    assert [transport.deliveries(lease) for lease in leases] == [1, 1], "each leased once"
+    assert transport.claim_many("w", 30, 2) == [], "nothing was leased twice"
+    assert transport.ack_many(leases) == [True, True]
+    assert transport.depth() == 0
 
 
-@pytest.mark.parametrize("fault", ["500 after", "closed after"])
-def test_a_publish_whose_answer_was_lost_is_queued_once(fresh_sqld_primary, fault):
-    async def main():
-        async with relayed(fresh_sqld_primary) as (relay, transport, _store):
-            relay.faults = [fault]
-            await transport.publish("a", Event(kind="a1"))
-            assert await transport.depth() == 1
+@pytest.mark.parametrize("fault", AMBIGUOUS)
+def test_a_claim_whose_answer_was_lost_returns_the_lease_it_took(faced, fault):
+    relay, transport, _store = faced
+    transport.publish("a", Event(kind="a1"))
+    relay.arm(fault)
+    lease = transport.claim("w", 30)
+    _fired(relay, fault)
+    assert lease is not None and lease.event.kind == "a1" and transport.deliveries(lease) == 1
+    assert transport.claim("w", 30) is None, "the group is leased once, to this claim"
+    assert transport.ack(lease) is True
 
-    asyncio.run(main())
+
+@pytest.mark.parametrize("fault", AMBIGUOUS)
+def test_a_publish_whose_answer_was_lost_is_queued_once(faced, fault):
+    relay, transport, _store = faced
+    relay.arm(fault)
+    transport.publish("a", Event(kind="a1"))
+    _fired(relay, fault)
+    assert transport.depth() == 1
+    relay.arm(fault)
+    assert transport.publish_many([("b", Event(kind="b1")), ("b", Event(kind="b2")), ("c", Event(kind="c1"))]) == 3
+    _fired(relay, fault)
+    assert transport.depth() == 4, "the batch is queued once"
+    kinds = sorted(lease.event.kind for lease in transport.claim_many("w", 30, 10))
+    assert kinds == ["a1", "b1", "c1"], "the heads of three groups, each message once"
+
+
+@pytest.mark.parametrize("fault", AMBIGUOUS)
+def test_an_ack_whose_answer_was_lost_reports_true_once(faced, fault):
+    relay, transport, _store = faced
+    transport.publish("a", Event(kind="a1"))
+    transport.publish("a", Event(kind="a2"))
+    lease = transport.claim("w", 30)
+    relay.arm(fault)
+    assert transport.ack(lease) is True, "the ack landed, and says so"
+    _fired(relay, fault)
+    assert transport.ack(lease) is False, "a second ack of the same lease removes nothing"
+    assert transport.depth() == 1
+    following = transport.claim("w", 30)
+    assert following.event.kind == "a2", "the group moved on by one message"
+    relay.arm(fault)
+    assert transport.ack_many([following]) == [True]
+    assert transport.depth() == 0
+
+
+@pytest.mark.parametrize("fault", AMBIGUOUS)
+def test_a_nack_whose_answer_was_lost_gives_the_message_back_once(faced, fault):
+    relay, transport, _store = faced
+    transport.publish("a", Event(kind="a1"))
+    lease = transport.claim("w", 30)
+    relay.arm(fault)
+    assert transport.nack(lease) is True
+    _fired(relay, fault)
+    again = transport.claim("w", 30)
+    assert again is not None and again.seq == lease.seq, "claimable again at once"
+    assert transport.deliveries(again) == 1, "the clean give-back was not counted (nor taken back twice)"
+    assert transport.nack(lease) is False, "the old lease no longer holds it"
+    assert transport.ack(again) is True and transport.depth() == 0
 
 
 @pytest.mark.parametrize("fault", ["500 before", "stream expired"])
-def test_a_request_the_primary_failed_before_applying_is_retried_and_applied_once(fresh_sqld_primary, fault):
+def test_a_request_the_primary_failed_before_applying_is_retried_and_applied_once(faced, fault):
+    relay, transport, store = faced
+    exe = Execution(id="x", definition_id="d")
+    relay.arm(fault)
+    store.save(exe)
+    _fired(relay, fault)
+    assert exe.version == 1 and store.load("x").version == 1
+    relay.arm(fault)
+    transport.publish("x", Event(kind="go"))
+    assert transport.depth() == 1
+
+
+# ---- the CLI, through the same relay ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("fault", ["500 after", "truncated after"])
+def test_the_cli_publish_whose_answer_was_lost_exits_0_and_queues_once(sqld_primary, relay, tmp_path, fault, profile):
+    settings = _settings(sqld_primary, relay.url, profile=profile, tmp_path=tmp_path)
+    prepare_database(_direct(sqld_primary, settings))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HAREL_", "RUST_LOG"))}
+    env.update(
+        HAREL_EDGE_PROFILE=profile,
+        HAREL_EDGE_AUTH_TOKEN=sqld_primary.rw_token,
+        HAREL_EDGE_PREFIX=settings.prefix,
+        HAREL_EDGE_RETRY_INITIAL_DELAY="0.01",
+    )
+    if profile == "sqld":
+        env["HAREL_EDGE_URL"] = relay.url
+    else:
+        env.update(HAREL_EDGE_SYNC_URL=relay.url, HAREL_EDGE_DB_PATH=settings.db_path)
+    relay.arm(fault, when=f"{settings.prefix}_transport_publish_once")
+    command = str(Path(sys.executable).parent / "harel-edge")
+    done = subprocess.run([command, "publish", "order-1", "Pay"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "published Pay" in done.stdout
+    _fired(relay, fault)
+    with LibsqlTransport(settings=_direct(sqld_primary, settings), create_schema=False) as direct:
+        assert direct.depth() == 1, "queued once"
+
+
+# ---- the token ---------------------------------------------------------------------------------
+
+
+def test_a_refused_token_fails_at_once_with_what_to_do_and_without_the_token(sqld_primary):
     async def main():
-        async with relayed(fresh_sqld_primary) as (relay, transport, store):
-            exe = Execution(id="x", definition_id="d")
-            relay.faults = [fault]
-            await store.save(exe)
-            assert exe.version == 1 and (await store.load("x")).version == 1
-            relay.faults = [fault]
-            await transport.publish("x", Event(kind="go"))
-            assert await transport.depth() == 1
-
-    asyncio.run(main())
-
-
-def test_a_refused_token_fails_at_once_with_what_to_do_and_without_the_token(fresh_sqld_primary):
-    async def main():
-        prepare_database(_settings(fresh_sqld_primary))
-        bad = _settings(fresh_sqld_primary, auth_token="not-a-valid-token")
+        good = _settings(sqld_primary)
+        prepare_database(good)
+        bad = _settings(sqld_primary, auth_token="not-a-valid-token", prefix=good.prefix)
         executor = HranaExecutor(bad)
         path = EventPath(executor, bad)
         try:
@@ -173,56 +270,56 @@ def test_a_refused_token_fails_at_once_with_what_to_do_and_without_the_token(fre
             assert "not-a-valid-token" not in str(raised.value) and "not-a-valid-token" not in repr(executor)
         finally:
             await executor.aclose()
-        settings = _settings(fresh_sqld_primary)
-        good = HranaExecutor(settings)
+        executor = HranaExecutor(good)
         try:
-            assert await EventTransport(EventPath(good, settings)).depth() == 0, "nothing was queued"
-        finally:
-            await good.aclose()
-
-    asyncio.run(main())
-
-
-def test_a_token_with_a_trailing_newline_is_used_without_it(fresh_sqld_primary):
-    async def main():
-        prepare_database(_settings(fresh_sqld_primary))
-        settings = _settings(fresh_sqld_primary, auth_token=fresh_sqld_primary.rw_token + "\n")
-        executor = HranaExecutor(settings)
-        try:
-            assert await EventTransport(EventPath(executor, settings)).depth() == 0
+            assert await EventTransport(EventPath(executor, good)).depth() == 0, "nothing was queued"
         finally:
             await executor.aclose()
 
     asyncio.run(main())
 
 
+def test_a_token_with_a_trailing_newline_is_used_without_it(sqld_primary):
+    async def main():
+        settings = _settings(sqld_primary)
+        prepare_database(settings)
+        newline = _settings(sqld_primary, auth_token=sqld_primary.rw_token + "\n", prefix=settings.prefix)
+        executor = HranaExecutor(newline)
+        try:
+            assert await EventTransport(EventPath(executor, newline)).depth() == 0
+        finally:
+            await executor.aclose()
+
+    asyncio.run(main())
+
+
+# ---- the durable stores, through the same relay -------------------------------------------------
+
+
 @contextlib.asynccontextmanager
-async def durable_relayed(server):
-    """The durable stores on `server` through a `FaultyRelay`."""
-    settings = _settings(server)
-    relay = FaultyRelay(server.http_url)
-    database = connect(settings)
-    await database.executor.aclose()
-    database.executor = HranaExecutor(settings, transport=httpx.ASGITransport(app=relay))
+async def durable_relayed(server, relay):
+    """The durable stores on `server` through the relay."""
+    database = connect(_settings(server, relay.url))
     try:
         await migrate(database)
         await database.execute("test.effects", "CREATE TABLE IF NOT EXISTS fault_effects (workflow TEXT)")
-        yield relay, database
+        yield database
     finally:
         await database.aclose()
 
 
 @pytest.mark.parametrize("fault", AMBIGUOUS)
-def test_an_sql_effect_whose_answer_was_lost_is_looked_up_and_applied_once(fresh_sqld_primary, fault):
+def test_an_sql_effect_whose_answer_was_lost_is_looked_up_and_applied_once(sqld_primary, relay, fault):
     async def main():
-        async with durable_relayed(fresh_sqld_primary) as (relay, database):
+        async with durable_relayed(sqld_primary, relay) as database:
             checkpointer = LibsqlCheckpointer(database)
-            workflow = f"wf-{fault}"
+            workflow = f"wf-{fault}-{uuid.uuid4().hex[:8]}"
             holder = await checkpointer.claim(workflow, timedelta(minutes=5), timedelta(minutes=5))
             effect = SqlEffect(("INSERT INTO fault_effects (workflow) VALUES (?)", (workflow,)), value="done")
-            relay.faults = [fault]
+            relay.arm(fault)
             sent_before = relay.transactions
             assert await checkpointer.transact(holder, "charge", effect) == "done"
+            _fired(relay, fault)
             assert relay.transactions == sent_before + 1, "sent once, then looked up, not resent"
             rows = await database.execute("test.read", "SELECT count(*) FROM fault_effects WHERE workflow = ?", (workflow,))
             assert rows == [(1,)], "the effect was applied exactly once"
@@ -231,17 +328,19 @@ def test_an_sql_effect_whose_answer_was_lost_is_looked_up_and_applied_once(fresh
 
 
 @pytest.mark.parametrize("fault", AMBIGUOUS)
-def test_a_delivery_extend_whose_answer_was_lost_returns_the_receipt_it_wrote(fresh_sqld_primary, fault):
+def test_a_delivery_extend_whose_answer_was_lost_returns_the_receipt_it_wrote(sqld_primary, relay, fault):
     async def main():
-        async with durable_relayed(fresh_sqld_primary) as (relay, database):
-            scheduler = LibsqlScheduler(database, namespace=f"ns-{fault}")
+        async with durable_relayed(sqld_primary, relay) as database:
+            namespace = f"ns-{fault}-{uuid.uuid4().hex[:8]}"
+            scheduler = LibsqlScheduler(database, namespace=namespace)
             await scheduler.make_ready("wf")
             delivery = await scheduler.next_ready(timedelta(0))
-            relay.faults = [fault]
+            relay.arm(fault)
             extended = await scheduler.extend(delivery, timedelta(seconds=60))
+            _fired(relay, fault)
             assert extended.receipt != delivery.receipt, "the receipt the landed extend wrote"
             await scheduler.done(extended)
-            rows = await database.execute("test.read", "SELECT count(*) FROM workflow_queue WHERE namespace = ?", (f"ns-{fault}",))
+            rows = await database.execute("test.read", "SELECT count(*) FROM workflow_queue WHERE namespace = ?", (namespace,))
             assert rows == [(0,)], "done with that receipt removed the row"
 
     asyncio.run(main())
