@@ -38,6 +38,7 @@ from harel_edge.errors import (
     SchemaError,
     tidy,
 )
+from harel_edge.redaction import scrub
 from harel_edge.settings import EdgeSettings
 from harel_edge.status import collect_status
 
@@ -189,15 +190,14 @@ def _maybe_settings(ctx: typer.Context | None) -> EdgeSettings | None:
 
 
 def _scrub(text: str, ctx: typer.Context | None) -> str:
-    token = os.environ.get("HAREL_EDGE_AUTH_TOKEN") or os.environ.get("HAREL_LIBSQL_AUTH_TOKEN")
+    """The shared scrubber, also given the token of settings that failed to load."""
     settings = _maybe_settings(ctx)
-    secrets = [token] if token else []
-    if settings is not None and settings.auth_token:
-        secrets.append(settings.auth_token.get_secret_value())
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "**********")
-    return text
+    return scrub(
+        text,
+        os.environ.get("HAREL_EDGE_AUTH_TOKEN", "").strip(),
+        os.environ.get("HAREL_LIBSQL_AUTH_TOKEN", "").strip(),
+        settings.auth_token if settings is not None else None,
+    )
 
 
 # ---- publish --------------------------------------------------------------------------------------
@@ -222,18 +222,34 @@ def publish(
         metavar="MACHINE",
         help="With KIND Start: first create execution GROUP of statechart MACHINE (if it does not exist).",
     ),
+    definitions: str | None = typer.Option(
+        None, "--definitions", "-D", help="With --create: the directory of .stm files that defines MACHINE."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the published event as JSON."),
 ) -> None:
     """Append an event to a group's queue.
 
-    The group's first message fixes its priority and routing key; `--create MACHINE` starts an execution.
+    The group's first message fixes its priority and routing key; `--create MACHINE -D DIR` starts an execution.
     """
     request = publishing.publish_request(
-        group, kind, data, priority=priority, routing_key=routing_key, event_id=event_id, create=create
+        group,
+        kind,
+        data,
+        priority=priority,
+        routing_key=routing_key,
+        event_id=event_id,
+        create=create,
+        definitions=definitions,
     )
     published = publishing.publish(ctx.obj.settings(), request)
     if as_json:
         print(json.dumps(published.as_dict()))
+    elif published.duplicate:
+        out.print(
+            f"duplicate: {kind} {published.event_id} was already published to {group} within "
+            "HAREL_EDGE_PUBLISH_WINDOW; nothing was queued",
+            markup=False,
+        )
     else:
         key = f", routing key {routing_key}" if routing_key else ""
         out.print(

@@ -22,6 +22,9 @@ from harel_edge.status import StatusReport, collect_status
 from harel_edge.store import EdgeStore
 
 
+EXAMPLES = str(Path(__file__).resolve().parents[2] / "harel_edge" / "examples")
+
+
 @pytest.fixture
 def settings(tmp_path):  # noqa: ANN001, ANN201
     return ExplicitSettings.load(profile="local", db_path=str(tmp_path / "q.db"))
@@ -36,7 +39,7 @@ def test_migrate_returns_the_version_it_found_and_then_finds_it_up_to_date(setti
 
 def test_publish_returns_the_stored_event_and_creates_the_execution_it_starts(settings):
     request = publish_request(
-        "order-1", "Start", '{"amount": 3}', priority=2, routing_key="eu", create="Order"
+        "order-1", "Start", '{"amount": 3}', priority=2, routing_key="eu", create="order", definitions=EXAMPLES
     )
     published = publish(settings, request)
     assert isinstance(published, Published)
@@ -50,7 +53,7 @@ def test_publish_returns_the_stored_event_and_creates_the_execution_it_starts(se
     assert published.as_dict()["event"]["id"] == published.event_id
     store = EdgeStore(settings, create_schema=False)
     try:
-        assert store.load("order-1").definition_id == "Order"
+        assert store.load("order-1").definition_id == "order"
     finally:
         store.close()
 
@@ -59,7 +62,7 @@ def test_a_publish_request_is_refused_before_any_setting_is_read():
     with pytest.raises(ConfigurationError, match="--data must be a JSON object"):
         publish_request("order-1", "Pay", "[1]")
     with pytest.raises(ConfigurationError, match="KIND must be Start"):
-        publish_request("order-1", "Pay", create="Order")
+        publish_request("order-1", "Pay", create="order")
 
 
 def test_collect_status_returns_a_report_whose_dict_is_the_json_output(settings):

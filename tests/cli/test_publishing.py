@@ -1,0 +1,102 @@
+"""`publish`: an execution it creates is the one harel's own create makes (its machine's context
+defaults included), and a publish its group already had says it was a duplicate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_helpers import env_for, run
+
+from harel_edge.errors import ConfigurationError
+from harel_edge.publishing import publish, publish_request
+from harel_edge.settings import ExplicitSettings
+from harel_edge.store import EdgeStore
+
+COUNTER = """
+event Go {}
+
+machine counter {
+  context {
+    n: int = 2
+    label: string = "new"
+    total: float
+  }
+  initial Waiting
+  state Waiting {}
+  state Went {}
+  final Done success
+  from Waiting to Went on Go where context.n == 2
+  from Went to Done on Go
+}
+"""
+
+
+@pytest.fixture
+def definitions(tmp_path) -> str:
+    directory = tmp_path / "definitions"
+    directory.mkdir()
+    (directory / "counter.stm").write_text(COUNTER)
+    return str(directory)
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return ExplicitSettings.load(profile="local", db_path=str(tmp_path / "q.db"))
+
+
+def harels_own_create(definitions: str, path: Path):
+    """The execution harel 0.9's own `create(start_on_create=False)` makes, on its own store."""
+    from harel.engine.distributed import DistributedRunner
+    from harel.engine.store import SqliteStore
+    from harel.engine.transport import SqliteTransport
+    from harel.worker import load_definitions
+
+    runner = DistributedRunner(SqliteStore(str(path)), SqliteTransport(str(path)), load_definitions(definitions), execution="inline")
+    return runner.create("counter", execution_id="c-1", start_on_create=False)
+
+
+def test_an_execution_created_by_publish_has_its_machines_context_defaults_as_harels_own_create_gives_them(settings, definitions, tmp_path):
+    publish(settings, publish_request("c-1", "Start", '{"total": 4.5}', create="counter", definitions=definitions))
+    with EdgeStore(settings) as store:
+        ours = store.load("c-1")
+    theirs = harels_own_create(definitions, tmp_path / "harel.db")
+    assert ours.context == theirs.context == {"n": 2, "label": "new"}
+    assert (ours.definition_id, ours.status) == (theirs.definition_id, theirs.status)
+    assert ours.created_at is not None, "stamped, as harel stamps what it creates"
+
+
+def test_a_start_that_leaves_a_required_context_field_unset_is_refused_before_anything_is_written(settings, definitions):
+    with pytest.raises(ConfigurationError, match="total") as refused:
+        publish_request("c-1", "Start", "{}", create="counter", definitions=definitions)
+    assert "--data" in str(refused.value)
+    assert not Path(settings.db_path).exists()
+
+
+def test_a_machine_that_is_not_in_the_definitions_is_refused_naming_the_ones_there(definitions):
+    with pytest.raises(ConfigurationError, match="counter"):
+        publish_request("c-1", "Start", "{}", create="Counter", definitions=definitions)
+
+
+def test_create_without_the_definitions_is_refused_saying_where_the_machine_comes_from(tmp_path):
+    printed = run(["publish", "c-1", "Start", "--create", "counter"], env_for({"db_path": tmp_path / "q.db"}), tmp_path)
+    assert printed.returncode == 2, printed.stderr
+    assert "--definitions" in printed.stderr
+    assert not (tmp_path / "q.db").exists()
+
+
+def test_a_publish_its_group_already_had_within_the_window_says_it_was_a_duplicate(tmp_path, definitions):
+    env = env_for({"db_path": tmp_path / "q.db"})
+    args = ["publish", "c-1", "Start", "--id", "start-c-1", "--data", '{"total": 1.0}', "--create", "counter", "-D", definitions]
+    first = run(args, env, tmp_path)
+    again = run(args, env, tmp_path)
+    as_json = json.loads(run([*args, "--json"], env, tmp_path).stdout)
+    assert first.returncode == again.returncode == 0, again.stderr
+    assert first.stdout.startswith("published Start start-c-1 to c-1")
+    assert again.stdout.startswith("duplicate: Start start-c-1 was already published to c-1"), again.stdout
+    assert "HAREL_EDGE_PUBLISH_WINDOW" in again.stdout and "nothing was queued" in again.stdout
+    assert as_json["duplicate"] is True
+    settings = ExplicitSettings.load(profile="local", db_path=str(tmp_path / "q.db"))
+    with EdgeStore(settings) as store:
+        assert store.execute(f"SELECT count(*) FROM {settings.prefix}_transport_messages")[0][0] == 1
