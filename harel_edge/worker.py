@@ -137,9 +137,18 @@ class WorkerReport:
 
 class EdgeAsyncWorker(AsyncWorker):
     """harel's async worker, telling the transport when handling a message raised, so the nack
-    harel's loop then sends records the error and keeps the delivery counted for dead-lettering."""
+    harel's loop then sends records the error and keeps the delivery counted for dead-lettering;
+    `handling` holds the tasks handling a message, which a stop waits for."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.handling: set[asyncio.Task] = set()
 
     async def _handle(self, lease) -> bool:  # noqa: ANN001 - harel's Lease
+        task = asyncio.current_task()
+        if task is not None and task not in self.handling:
+            self.handling.add(task)
+            task.add_done_callback(self.handling.discard)
         try:
             return await super()._handle(lease)
         except Exception as exc:
@@ -274,6 +283,10 @@ async def run_worker(
         for task in pending:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if definitions:
+            # harel's loop, cancelled, leaves the handlers it started running: their commits (sent
+            # anyway) and acks settle their leases, so wait for them before giving anything back.
+            await _ended(harel_worker.handling, settings.retry_deadline)
         for task in done:
             if not task.cancelled() and task.exception() is not None:
                 report.error = f"{task.get_name()}: {task.exception()}"
@@ -299,6 +312,17 @@ async def run_worker(
         passes=report.passes,
     )
     return report
+
+
+async def _ended(tasks: set[asyncio.Task], within: float) -> None:
+    """Wait until every task in `tasks` has ended; those still running after `within` seconds
+    are cancelled (and waited for)."""
+    if tasks:
+        await asyncio.wait(list(tasks), timeout=within)
+    for task in list(tasks):
+        task.cancel()
+    while tasks:
+        await asyncio.wait(list(tasks))
 
 
 async def _supervised(name: str, run: Callable[[], Any], stop: asyncio.Event) -> None:

@@ -64,7 +64,8 @@ class Database:
         *,
         resolve: Callable[[], Any] | None = None,
     ) -> list[tuple]:
-        """One statement as one unit of work, under the retry policy; its rows."""
+        """One statement as one unit of work, under the retry policy; its rows. A cancelled caller
+        cannot know whether it committed (it may still): docs/executor.md, "Cancellation"."""
         if self.closed:
             raise DatabaseClosedError(_CLOSED)
 
@@ -77,7 +78,8 @@ class Database:
         self, operation: str, stmts: list[Stmt], *, resolve: Callable[[], Any] | None = None
     ) -> list[Result]:
         """Statements as one atomic unit (one request to a remote primary), under the retry
-        policy; `resolve` looks up whether an attempt whose outcome is unknown applied."""
+        policy; `resolve` looks up whether an attempt whose outcome is unknown applied. A cancelled
+        caller cannot know whether the unit committed (it may still)."""
         if self.closed:
             raise DatabaseClosedError(_CLOSED)
 
@@ -97,7 +99,8 @@ class Database:
     async def run(self, work: Callable[..., T], *args: Any) -> T:
         """Run `work(connection, *args)` on a thread, with no other caller inside its connection.
 
-        A cancelled caller unwinds at once; its work still ends before the connection is reused.
+        A cancelled caller unwinds at once; its work still runs to its end (and may commit) before
+        the connection is reused, so the caller cannot know what it did: look it up.
         """
         if self.connection is None:
             if self.closed:

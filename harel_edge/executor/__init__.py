@@ -65,7 +65,11 @@ class ExecutorClosedError(HarelEdgeError):
 
 
 class Executor(Protocol):
-    """Runs units of work for one profile's database."""
+    """Runs units of work for one profile's database.
+
+    A unit once given is sent even if its caller is cancelled, and a cancelled caller cannot know
+    whether it committed: look it up (nothing is applied twice). docs/executor.md, "Cancellation".
+    """
 
     closed: bool
 
@@ -74,7 +78,8 @@ class Executor(Protocol):
         (a lease), so a local file need not fsync it."""
 
     async def transaction(self, stmts: list[Stmt]) -> list[Result]:
-        """All statements or none; a failing one raises `StatementError` naming its index."""
+        """All statements or none; a failing one raises `StatementError` naming its index.
+        Cancelled, the caller cannot know which: the unit may still commit."""
 
     async def aclose(self) -> None:
         """Send what is queued, then release connections."""
