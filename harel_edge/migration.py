@@ -11,9 +11,9 @@ from typing import Any
 
 from harel_edge import migrations, retry
 from harel_edge.access import open_for_writing
-from harel_edge.connection import EdgeConnection
 from harel_edge.executor import open_executor
 from harel_edge.inspection import check_usable, database_facts
+from harel_edge.loop_thread import Statements
 from harel_edge.settings import EdgeSettings
 from harel_edge.status import settings_summary
 
@@ -117,8 +117,8 @@ def on_primary(settings: EdgeSettings) -> migrations.Outcome:
 
 
 def prepare_database(settings: EdgeSettings, *, adopt: bool = False) -> int:
-    """`prepare` on a connection opened for the purpose: create or upgrade every table."""
-    connection = EdgeConnection(settings)
+    """`prepare` on the profile's executor, opened for the purpose: create or upgrade every table."""
+    connection = Statements(settings)
     try:
         return prepare(connection, migrate=True, adopt=adopt)
     finally:

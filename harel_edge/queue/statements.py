@@ -14,7 +14,7 @@ from harel.engine.transport import Lease
 from harel.spec.states import Event
 from pydantic_core import from_json
 
-from harel_edge import schema
+from harel_edge import migrations, schema
 from harel_edge.errors import SchemaError
 from harel_edge.executor import Stmt
 from harel_edge.ids import refuse_nul
@@ -207,12 +207,12 @@ def depth_sql(n: EdgeNames) -> str:
 
 
 def check_schema(execute: schema.Execute, prefix: str) -> None:
-    """Refuse a database whose transport schema is newer than this code, or not yet upgraded."""
-    schema.refuse_newer(schema.read_version(execute))
-    if not schema.has_routing_key(execute, prefix):
+    """Refuse a database whose schema is newer than this code, or lacks a version (read only)."""
+    lacking = migrations.missing(execute, prefix)
+    if lacking:
         raise SchemaError(
-            f"{EdgeNames(prefix).groups} is missing or predates routing keys, and create_schema=False: run "
-            "`harel-edge migrate` (or `harel-edge migrate --print-sql` for your migration tool)"
+            f"the tables under prefix {prefix!r} lack schema version(s) {', '.join(map(str, lacking))}, and "
+            "create_schema=False: run `harel-edge migrate` (or `harel-edge migrate --print-sql` for your migration tool)"
         )
 
 
