@@ -32,7 +32,7 @@ def settings(tmp_path):  # noqa: ANN001, ANN201
 
 def test_migrate_returns_the_version_it_found_and_then_finds_it_up_to_date(settings):
     first = migrate(settings)
-    assert first == Migration(0, SCHEMA_VERSION, f"profile local at {settings.db_path}")
+    assert first == Migration(0, SCHEMA_VERSION, f"profile local at {settings.db_path}", applied=(4, 5, 6))
     assert not first.up_to_date
     assert migrate(settings).up_to_date
 

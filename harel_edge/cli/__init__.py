@@ -1,0 +1,29 @@
+"""`harel-edge`: run, inspect and repair a harel_edge deployment from the shell.
+
+The package parses, renders and maps errors to exit codes; the work is in the library modules.
+"""
+
+from harel_edge.cli.app import app, config_app, dead_letter_app
+from harel_edge.cli.commands import config_show, demo, doctor, migrate, publish, status, worker
+from harel_edge.cli.dead_letters import (
+    dead_letter_list,
+    dead_letter_purge,
+    dead_letter_requeue,
+    dead_letter_show,
+)
+from harel_edge.cli.reference import command_paths, help_text, reference, reference_markdown
+
+# Registered here, in the order `--help` lists them: the README's first command first.
+for _command in (demo, worker, publish, status, migrate, doctor):
+    app.command()(_command)
+config_app.command("show")(config_show)
+for _name, _command in (
+    ("list", dead_letter_list),
+    ("show", dead_letter_show),
+    ("requeue", dead_letter_requeue),
+    ("purge", dead_letter_purge),
+):
+    dead_letter_app.command(_name)(_command)
+app.command("reference", hidden=True)(reference)
+
+__all__ = ["app", "command_paths", "help_text", "reference_markdown"]

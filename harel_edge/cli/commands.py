@@ -1,0 +1,380 @@
+"""The top-level commands: parse, call the library, render; the work is in the library modules."""
+
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from harel_edge import migration, publishing
+from harel_edge.access import check_writable
+from harel_edge.cli.app import (
+    EXIT_PROBLEM,
+    Globals,
+    fail,
+    handled,
+    out,
+)
+from harel_edge.doctor import diagnose
+from harel_edge.errors import (
+    ConfigurationError,
+)
+from harel_edge.status import collect_status
+
+# ---- publish --------------------------------------------------------------------------------------
+
+
+@handled
+def publish(
+    ctx: typer.Context,
+    group: str = typer.Argument(..., help="The group (for a statechart: the execution id)."),
+    kind: str = typer.Argument(..., help="The event's kind, e.g. Pay."),
+    data: str = typer.Option("{}", "--data", "-d", help="The event's data: a JSON object."),
+    priority: int = typer.Option(0, "--priority", "-p", min=0, max=4, help="0 (default) to 4."),
+    routing_key: str | None = typer.Option(
+        None, "--routing-key", "-r", help="Only workers claiming this key take the group."
+    ),
+    event_id: str | None = typer.Option(
+        None, "--id", help="The event id (dedupe key); a new one by default. Reuse it to retry safely."
+    ),
+    create: str | None = typer.Option(
+        None,
+        "--create",
+        metavar="MACHINE",
+        help="With KIND Start: first create execution GROUP of statechart MACHINE (if it does not exist).",
+    ),
+    definitions: str | None = typer.Option(
+        None, "--definitions", "-D", help="With --create: the directory of .stm files that defines MACHINE."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the published event as JSON."),
+) -> None:
+    """Append an event to a group's queue.
+
+    The group's first message fixes its priority and routing key; `--create MACHINE -D DIR` starts an execution.
+    """
+    request = publishing.publish_request(
+        group,
+        kind,
+        data,
+        priority=priority,
+        routing_key=routing_key,
+        event_id=event_id,
+        create=create,
+        definitions=definitions,
+    )
+    published = publishing.publish(ctx.obj.settings(), request)
+    if as_json:
+        print(json.dumps(published.as_dict()))
+    elif published.duplicate:
+        out.print(
+            f"duplicate: {kind} {published.event_id} was already published to {group} within "
+            "HAREL_EDGE_PUBLISH_WINDOW; nothing was queued",
+            markup=False,
+        )
+    else:
+        key = f", routing key {routing_key}" if routing_key else ""
+        out.print(
+            f"published {kind} {published.event_id} to {group} (priority {priority}{key})", markup=False
+        )
+
+
+# ---- status ---------------------------------------------------------------------------------------
+
+
+@handled
+def status(
+    ctx: typer.Context,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    groups: int = typer.Option(10, "--groups", min=0, help="How many of the deepest groups to list."),
+) -> None:
+    """Show the queue, the workflows and a replica's lag.
+
+    Depth by priority, routing key and group, in flight, parked, workflows, last sync. Reads only.
+    """
+    report = collect_status(ctx.obj.settings(), top=groups)
+    if as_json:
+        print(json.dumps(report.as_dict(), indent=2, default=str))
+        return
+    queue = report.queue
+    totals = queue["totals"]
+    oldest = queue["oldest"]
+    age = oldest["age_seconds"]
+    out.print(
+        f"{report.profile} at {report.where} (schema {report.schema_version}): "
+        f"{totals['messages']} messages in {totals['groups']} groups, {totals['in_flight']} in flight, "
+        f"{totals['parked']} parked",
+        markup=False,
+    )
+    if oldest["seq"] is not None:
+        out.print(
+            f"oldest message: #{oldest['seq']} of {oldest['group_id']}"
+            + (
+                f", {age:.1f} s old"
+                if age is not None
+                else " (age unknown: its publisher did not stamp created_time)"
+            ),
+            markup=False,
+        )
+    table = Table(title="queue by priority and routing key")
+    for column in ("priority", "routing key", "groups", "messages", "queued", "in flight", "parked"):
+        table.add_column(column, justify="right" if column != "routing key" else "left")
+    for row in queue["by_priority_and_routing_key"]:
+        table.add_row(
+            str(row["priority"]),
+            row["routing_key"] or "-",
+            *(str(row[k]) for k in ("groups", "messages", "queued", "in_flight", "parked")),
+        )
+    out.print(table)
+    if queue["deepest_groups"]:
+        deepest = Table(title=f"deepest groups (up to {groups})")
+        for column in ("group", "priority", "routing key", "messages", "head"):
+            deepest.add_column(column)
+        for row in queue["deepest_groups"]:
+            deepest.add_row(
+                row["group_id"],
+                str(row["priority"]),
+                row["routing_key"] or "-",
+                str(row["messages"]),
+                row["head"],
+            )
+        out.print(deepest)
+    workflows = report.workflows
+    if workflows is not None and not workflows["namespaces"]:
+        out.print(
+            f"workflows: none queued ({workflows['finished']} finished, {workflows['claimed']} claimed now)",
+            markup=False,
+        )
+    elif workflows is not None:
+        table = Table(
+            title=f"workflows ({workflows['finished']} finished, {workflows['claimed']} claimed now)"
+        )
+        for column in ("namespace", "ready", "sleeping", "claimed", "next wake"):
+            table.add_column(column)
+        for row in workflows["namespaces"]:
+            wake = row["next_wake_in_seconds"]
+            table.add_row(
+                row["namespace"],
+                str(row["ready"]),
+                str(row["sleeping"]),
+                str(row["claimed"]),
+                "-" if wake is None else f"in {wake:.1f} s",
+            )
+        out.print(table)
+    dead = report.dead_letters
+    if dead is not None:
+        total = dead["messages"] + dead["workflows"]
+        out.print(
+            f"dead letters: {dead['messages']} messages, {dead['workflows']} workflows"
+            + (" (`harel-edge dead-letter list` shows them)" if total else ""),
+            markup=False,
+        )
+    replica = report.replica
+    if replica is not None:
+        lag = replica.lag_seconds
+        out.print(
+            f"replica {replica.file}: "
+            + (
+                "never synced on this machine"
+                if lag is None
+                else f"last synced {replica.last_sync_at} ({lag:.1f} s ago)"
+            )
+            + (
+                f", sees {replica.messages_seen_locally} messages locally"
+                if replica.messages_seen_locally is not None
+                else ""
+            ),
+            markup=False,
+        )
+
+
+# ---- migrate --------------------------------------------------------------------------------------
+
+
+@handled
+def migrate(
+    ctx: typer.Context,
+    print_sql: bool = typer.Option(False, "--print-sql", help="Print the schema versions as SQL; change nothing."),
+    adopt: bool = typer.Option(
+        False, "--adopt", help="Add harel_edge's tables to a database that holds other applications' tables."
+    ),
+) -> None:
+    """Create or upgrade the schema.
+
+    Each missing version once, in one transaction; safe while workers run. --print-sql prints
+    the versions as SQL and touches nothing.
+    """
+    settings = ctx.obj.settings()
+    if print_sql:
+        sys.stdout.write(migration.migration_script(settings.prefix))
+        return
+    done = migration.migrate(settings, adopt=adopt)
+    if done.up_to_date:
+        out.print(f"schema version {done.found}: up to date ({done.where})", markup=False)
+    else:
+        applied = ", ".join(str(number) for number in done.applied)
+        out.print(
+            f"schema version {done.found} -> {done.version}, applied {applied} for prefix {settings.prefix!r}"
+            f" ({done.where})",
+            markup=False,
+        )
+
+
+# ---- config ---------------------------------------------------------------------------------------
+
+
+@handled
+def config_show(
+    ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")
+) -> None:
+    """Show the settings in effect, the token redacted.
+
+    After the environment, the env file and the global options, in that order of precedence."""
+    values = ctx.obj.settings().redacted()
+    if as_json:
+        print(json.dumps(values, indent=2, default=str))
+        return
+    table = Table(title="harel_edge settings")
+    table.add_column("setting")
+    table.add_column("variable")
+    table.add_column("value")
+    for key, value in values.items():
+        table.add_row(key, f"HAREL_EDGE_{key.upper()}", "-" if value is None else str(value))
+    out.print(table)
+
+
+# ---- doctor ---------------------------------------------------------------------------------------
+
+
+@handled
+def doctor(
+    ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON.")
+) -> None:
+    """Check connectivity, credentials, schema, clock skew and sync health.
+
+    Each problem comes with what to do about it. Exits 1 if a check failed. Writes nothing."""
+    diagnosis = diagnose(ctx.obj.settings())
+    if as_json:
+        print(json.dumps(diagnosis.as_dict(), indent=2))
+    else:
+        marks = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
+        for check in diagnosis.checks:
+            out.print(f"{marks[check.level]}  {check.name}: {check.detail}", markup=False)
+            if check.fix and check.level != "ok":
+                out.print(f"      -> {check.fix}", markup=False)
+    if diagnosis.failed:
+        raise typer.Exit(EXIT_PROBLEM)
+
+
+# ---- worker ---------------------------------------------------------------------------------------
+
+
+@handled
+def worker(
+    ctx: typer.Context,
+    definitions: str | None = typer.Option(
+        None, "--definitions", "-D", help="A directory of .stm statechart definitions to run."
+    ),
+    workflow: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--workflow", "-w", help="A durable workflow to run: [namespace=]module:function (repeatable)."
+        ),
+    ] = None,
+    processes: int = typer.Option(1, "--processes", "-n", min=1, max=64, help="Worker processes to run."),
+    concurrency: int = typer.Option(
+        32, "--concurrency", min=1, help="Statechart events in flight per process."
+    ),
+    poll: float = typer.Option(1.0, "--poll", min=0.01, help="Seconds between looks for ready workflows."),
+    grace: float = typer.Option(
+        30.0, "--grace", min=0.0, help="Seconds a stop may take before held work is given back."
+    ),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", help="Serve Prometheus metrics on 127.0.0.1:PORT (+n per process)."
+    ),
+    no_migrate: bool = typer.Option(
+        False, "--no-migrate", help="Only check the schema; a migration tool owns it."
+    ),
+    adopt: bool = typer.Option(
+        False, "--adopt", help="Accept a database holding other applications' tables."
+    ),
+) -> None:
+    """Run an edge worker: statecharts and durable workflows.
+
+    Until SIGTERM or SIGINT; then it finishes or gives back what it holds and exits 0.
+    """
+    from harel_edge.supervisor import run_processes  # noqa: PLC0415
+    from harel_edge.worker import WorkerOptions, load_definitions, parse_workflow, serve  # noqa: PLC0415
+
+    g: Globals = ctx.obj
+    settings = g.settings(**({"metrics_port": metrics_port} if metrics_port is not None else {}))
+    if "worker_id" not in settings.model_fields_set:
+        # The default, hostname-pid, is the same in every container of a scaled service (one
+        # host name, pid 1): a suffix tells their log lines and leases apart.
+        settings = settings.model_copy(update={"worker_id": f"{settings.worker_id}-{secrets.token_hex(2)}"})
+    options = WorkerOptions(
+        definitions_dir=definitions,
+        workflows=tuple(parse_workflow(w) for w in workflow or ()),
+        concurrency=concurrency,
+        poll=poll,
+        grace=grace,
+        migrate=not no_migrate,
+        adopt=adopt,
+    )
+    if not definitions and not options.workflows:
+        raise ConfigurationError(
+            "nothing to run: give --definitions DIR (statecharts) and/or --workflow NS=module:function"
+        )
+    load_definitions(definitions)  # a bad directory or machine fails here, before any process starts
+    for spec in options.workflows:
+        spec.load()
+    # A foreign file, a refused or read-only token, an unreachable primary: fail now, clearly.
+    check_writable(settings, adopt=adopt)
+    if processes == 1:
+        report = serve(settings, options)
+        if report.error:
+            fail(EXIT_PROBLEM, report.error)
+        return
+    raise typer.Exit(
+        run_processes(settings, options, processes, log_format=g.log_format, log_level=g.log_level)
+    )
+
+
+# ---- demo -----------------------------------------------------------------------------------------
+
+
+@handled
+def demo(
+    db: str | None = typer.Option(
+        None, "--db", help="Use (and keep) this database file instead of a temporary one."
+    ),
+    orders: int = typer.Option(12, "--orders", min=1, max=500, help="Statechart executions to run."),
+    workflows: int = typer.Option(6, "--workflows", min=0, max=200, help="Durable workflows to run."),
+    keep: bool = typer.Option(False, "--keep", help="Keep the temporary directory and print where it is."),
+    timeout: float = typer.Option(60.0, "--timeout", min=1.0, help="Give up after this many seconds."),
+) -> None:
+    """Run the whole job on this machine, in seconds.
+
+    On the local profile, in a temporary directory, with two worker processes. Ignores HAREL_EDGE_*.
+    """
+    from harel_edge.examples.demo import run_demo  # noqa: PLC0415
+
+    workdir = None if db else Path(tempfile.mkdtemp(prefix="harel-edge-demo-"))
+    path = Path(db) if db else workdir / "demo.db"  # type: ignore[operator]
+    try:
+        ok = run_demo(path, orders=orders, workflows=workflows, timeout=timeout, console=out)
+    finally:
+        if workdir is not None:
+            if keep:
+                out.print(f"kept {workdir}", markup=False)
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)
+    if not ok:
+        raise typer.Exit(EXIT_PROBLEM)
