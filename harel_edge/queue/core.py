@@ -1,5 +1,8 @@
 """The queue, written once: harel's async transport on the profile's executor, every operation
-one unit of work under the one retry driver. The sync `LibsqlTransport` is a face of this."""
+one unit of work under the one retry driver. The sync `LibsqlTransport` is a face of this.
+
+A caller cancelled while its operation travels cannot know whether it committed; nothing is
+applied twice (a lease not acked lapses, a publish is idempotent on its event id)."""
 
 from __future__ import annotations
 

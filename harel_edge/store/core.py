@@ -1,5 +1,6 @@
 """harel's execution store, written once (async) on the profile's executor: `load_for_event` is
-answered from the claim's read, and `commit` carries the event's ack. `EdgeStore` is its sync face."""
+answered from the claim's read, and `commit` carries the event's ack. `EdgeStore` is its sync face.
+A cancelled caller cannot know whether its commit landed; the version check applies it at most once."""
 
 from __future__ import annotations
 
