@@ -5,6 +5,12 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 export SQLD_IMAGE ?= harel-edge/sqld:0.24.32
+# pytest-xdist workers for `make test` / `make test-local` (each worker starts its own sqld); 0 runs
+# in this process. The sqld tests mostly wait (on servers, worker processes, paused primaries),
+# so three workers keep two cores busy (docs/testing.md).
+PYTEST_WORKERS ?= 3
+# One line per test as it ends, with the run's percentage; the slowest tests at the end.
+PYTEST_FLAGS   ?= -n $(PYTEST_WORKERS) --maxschedchunk=1 -v --durations=20
 
 .PHONY: demo test test-local lint bench docker sqld-binary sqld-image up down clean
 
@@ -22,11 +28,11 @@ demo: $(STAMP)
 
 ## The whole suite: installs and starts Docker, builds the sqld image, then runs every test.
 test: $(STAMP) docker sqld-binary sqld-image
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_FLAGS)
 
 ## Only what needs nothing but the package (no sqld).
 test-local: $(STAMP)
-	$(PY) -m pytest -m "not sqld and not chaos"
+	$(PY) -m pytest $(PYTEST_FLAGS) -m "not sqld and not chaos"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check harel_edge tests benchmarks

@@ -25,7 +25,6 @@ import multiprocessing
 import os
 import random
 import signal
-import socket
 import sqlite3
 import threading
 import time
@@ -293,19 +292,8 @@ def start_primary():  # noqa: ANN201
     from harel_edge.testing import SqldStartError, SqldUnavailable, start_sqld_primary
     from harel_edge.testing.fixtures import sqld_unavailable
 
-    def free_port(low: int) -> int:
-        for port in range(low, 18300):
-            with socket.socket() as probe:
-                try:
-                    probe.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
-        raise RuntimeError("no free port below 18300")
-
-    http = free_port(18250)
     try:
-        return start_sqld_primary(http_port=http, grpc_port=free_port(http + 1))
+        return start_sqld_primary(port_range=(18250, 18299))
     except (SqldUnavailable, SqldStartError, ImportError) as exc:
         sqld_unavailable(str(exc))
 

@@ -4,7 +4,6 @@ claim lapses, and the guarantees holding on the primary whatever a replica has s
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -26,24 +25,10 @@ pytestmark = pytest.mark.sqld
 
 
 
-def _port_in_our_range(low: int = 18210, high: int = 18299) -> int:
-    """A free loopback port in the range this project's tests may use."""
-    for port in range(low, high + 1):
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port between {low} and {high}")
-
-
 def start_primary() -> SqldServer:
     """A sqld primary with authentication on, on loopback ports in the project's range."""
-    http = _port_in_our_range()
-    grpc = _port_in_our_range(http + 1)
     try:
-        return start_sqld_primary(http_port=http, grpc_port=grpc)
+        return start_sqld_primary(port_range=(18210, 18299))
     except (SqldUnavailable, SqldStartError, ImportError) as exc:
         sqld_unavailable(str(exc))
 

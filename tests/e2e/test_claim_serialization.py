@@ -36,7 +36,7 @@ from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import SqldServer
 
-pytestmark = [pytest.mark.sqld, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.sqld, pytest.mark.slow, pytest.mark.timeout(240)]
 
 GROUPS = 50
 PER_GROUP = 40

@@ -33,7 +33,7 @@ from harel_edge.testing import wait_until
 from harel_edge.testing.fixtures import sqld_unavailable
 from harel_edge.testing.sqld import _pid_alive
 
-pytestmark = [pytest.mark.sqld, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.sqld, pytest.mark.slow, pytest.mark.timeout(420)]
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "compose" / "docker-compose.yml"

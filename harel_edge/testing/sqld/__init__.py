@@ -5,6 +5,7 @@ hold against the real server, never a mock (docs/testing.md).
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import tempfile
@@ -47,11 +48,29 @@ __all__ = [
 ]
 
 
-def _free_port() -> int:
-    """A port free on 127.0.0.1 right now (the kernel picks it when binding port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return sock.getsockname()[1]
+def _free_port(port_range: tuple[int, int] | None = None, *, avoid: int | None = None) -> int:
+    """A port free on 127.0.0.1 right now: the kernel's pick (binding port 0), or one of
+    `port_range` (inclusive), tried in random order so that two test processes picking from one
+    range at once rarely pick the same port (and when they do, the launcher tries again).
+    """
+    if port_range is None:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind((LOOPBACK, 0))
+                port = sock.getsockname()[1]
+            if port != avoid:
+                return port
+    low, high = port_range
+    candidates = [port for port in range(low, high + 1) if port != avoid]
+    random.shuffle(candidates)
+    for port in candidates:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((LOOPBACK, port))
+            except OSError:
+                continue
+            return port
+    raise SqldStartError(f"no free port on {LOOPBACK} between {low} and {high}")
 
 
 # --------------------------------------------------------------------------- launchers
@@ -71,6 +90,7 @@ def _launch(
     work_dir: str | os.PathLike[str] | None,
     http_port: int | None,
     grpc_port: int | None,
+    port_range: tuple[int, int] | None,
     primary: SqldServer | None,
     extra_args: list[str],
     startup_timeout: float,
@@ -99,16 +119,15 @@ def _launch(
     inside = Path(CONTAINER_WORK_DIR) if chosen == "docker" else work
     # A port picked by binding port 0 can be taken by someone else before sqld binds it;
     # when we picked it, try again with new ports rather than fail the test.
-    attempts = 1 if http_port is not None else 3
+    # Test processes running side by side (pytest-xdist) make that race likelier: five tries.
+    attempts = 1 if http_port is not None else 5
     last_error: SqldStartError | None = None
     for _attempt in range(attempts):
         with _PORT_LOCK:
-            port = http_port or _free_port()
+            port = http_port or _free_port(port_range)
             gport = None
             if role == "primary":
-                gport = grpc_port or _free_port()
-                while gport == port:
-                    gport = _free_port()
+                gport = grpc_port or _free_port(port_range, avoid=port)
         # The same settings as flags (binary) or as the env vars sqld reads for them (docker).
         settings = {
             "--db-path": ("SQLD_DB_PATH", str(inside / "data.sqld")),
@@ -176,6 +195,7 @@ def start_sqld_primary(
     work_dir: str | os.PathLike[str] | None = None,
     http_port: int | None = None,
     grpc_port: int | None = None,
+    port_range: tuple[int, int] | None = None,
     extra_args: list[str] | tuple[str, ...] = (),
     startup_timeout: float = 30.0,
 ) -> SqldServer:
@@ -194,6 +214,7 @@ def start_sqld_primary(
         work_dir=work_dir,
         http_port=http_port,
         grpc_port=grpc_port,
+        port_range=port_range,
         primary=None,
         extra_args=list(extra_args),
         startup_timeout=startup_timeout,
@@ -208,6 +229,7 @@ def start_sqld_replica_node(
     binary: str | os.PathLike[str] | None = None,
     work_dir: str | os.PathLike[str] | None = None,
     http_port: int | None = None,
+    port_range: tuple[int, int] | None = None,
     extra_args: list[str] | tuple[str, ...] = (),
     startup_timeout: float = 30.0,
 ) -> SqldServer:
@@ -226,6 +248,7 @@ def start_sqld_replica_node(
         work_dir=work_dir,
         http_port=http_port,
         grpc_port=None,
+        port_range=port_range,
         primary=primary,
         extra_args=list(extra_args),
         startup_timeout=startup_timeout,
