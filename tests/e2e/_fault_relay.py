@@ -90,6 +90,10 @@ class FaultyRelay:
             self._loop.run_forever()
         finally:
             server.close()
+            connections = asyncio.all_tasks(self._loop)
+            for task in connections:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*connections, return_exceptions=True))
             self._loop.run_until_complete(self._client.aclose())
             self._loop.close()
 
@@ -111,8 +115,8 @@ class FaultyRelay:
                 method, path, headers, body = request
                 if not await self._answer(writer, method, path, headers, body):
                     return
-        except (ConnectionError, asyncio.IncompleteReadError):
-            return
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            return  # a client gone, or the relay closing (a cancelled one would be logged as an error)
         finally:
             writer.transport.abort()
 
