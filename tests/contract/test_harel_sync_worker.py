@@ -1,0 +1,123 @@
+"""harel 0.9's own sync worker (`harel.engine.distributed.Worker`), given harel_edge's sync faces
+(`EdgeStore(settings)`, `LibsqlTransport(settings=settings)`), runs the demo's order statechart on
+every profile: two workers at once, each in a thread with faces of its own, every order
+delivered and every event applied once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from harel.engine.distributed import Worker
+from harel.engine.execution import Execution, Status
+from harel.spec.states import Event
+
+import harel_edge.examples.actions as actions
+from harel_edge import LibsqlTransport, Message
+from harel_edge.store import EdgeStore
+from harel_edge.worker import load_definitions
+
+EXAMPLES = Path(actions.__file__).parent
+ORDERS = 12
+STEPS = ("Start", "Pay", "Ship", "Deliver")
+
+
+class AckLost:
+    """A transport whose acks never reach the queue: a worker that crashed right after its commit."""
+
+    def __init__(self, transport: LibsqlTransport) -> None:
+        self._transport = transport
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self._transport, name)
+
+    def ack(self, lease) -> bool:  # noqa: ANN001
+        return True
+
+
+def amount(i: int) -> float:
+    return 10.0 + i
+
+
+def seed(settings) -> None:
+    """The orders, PENDING (the worker starts each on its Start), and their four events, as the
+    demo seeds them."""
+    with EdgeStore(settings) as store, LibsqlTransport(settings=settings) as transport:
+        for i in range(ORDERS):
+            store.save(Execution(id=f"order-{i:03d}", definition_id="order", priority=i % 4))
+        transport.publish_many(
+            Message(f"order-{i:03d}", Event(kind=kind, data={"amount": amount(i)} if kind == "Pay" else {}), i % 4)
+            for i in range(ORDERS)
+            for kind in STEPS
+        )
+
+
+@pytest.mark.parametrize("execution", ["background", "inline"])
+def test_harels_sync_worker_on_the_sync_faces_delivers_every_order_applying_each_event_once(
+    edge, monkeypatch, execution
+):
+    packed: list[float] = []
+    real_pack = actions.pack
+
+    def counting_pack(execution, event, **inputs):  # noqa: ANN001, ANN202 - harel's action signature
+        packed.append(execution.execution_ctx.get("paid"))
+        return real_pack(execution, event, **inputs)
+
+    monkeypatch.setattr(actions, "pack", counting_pack)  # before the statechart binds it
+    definitions = load_definitions(str(EXAMPLES))
+    settings = edge.settings()
+    seed(settings)
+    # A first worker applies one event and dies before its ack: the message comes back when its
+    # 1 s lease lapses, and must be seen as processed, not applied again.
+    with EdgeStore(settings, create_schema=False) as store, LibsqlTransport(settings=settings) as transport:
+        crashed = Worker(store, AckLost(transport), definitions, worker_id="crashed", visibility=1.0, execution="inline")
+        assert crashed.step() is True
+        assert transport.depth() == ORDERS * len(STEPS), "its event is still queued"
+
+    stop, errors, handled = threading.Event(), [], {}
+
+    def work(name: str, mine) -> None:  # noqa: ANN001
+        try:
+            with EdgeStore(mine, create_schema=False) as store, LibsqlTransport(settings=mine) as transport:
+                worker = Worker(store, transport, definitions, worker_id=name, execution=execution)
+                count = 0
+                while not stop.is_set():
+                    if worker.step():
+                        count += 1
+                    else:
+                        stop.wait(0.01)  # idle: nothing claimable now
+                handled[name] = count
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+            stop.set()
+
+    threads = [
+        threading.Thread(target=work, args=(name, edge.peer(settings)), name=name) for name in ("edge-1", "edge-2")
+    ]
+    for thread in threads:
+        thread.start()
+    with EdgeStore(settings, create_schema=False) as store, LibsqlTransport(settings=settings) as transport:
+        deadline = time.monotonic() + 180  # a guard against a hang, not a measurement
+        while not stop.is_set() and time.monotonic() < deadline:
+            if transport.depth() == 0 and all(
+                e.status == Status.DONE for e in (store.load(f"order-{i:03d}") for i in range(ORDERS))
+            ):
+                break
+            stop.wait(0.05)
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        assert errors == []
+        assert transport.depth() == 0, "every event was acked"
+        # Every event once, and the crashed worker's one again (seen as processed and acked).
+        assert sum(handled.values()) == ORDERS * len(STEPS)
+        for i in range(ORDERS):
+            exe = store.load(f"order-{i:03d}")
+            assert (exe.status, exe.active_path, exe.outcome) == (Status.DONE, "Delivered", "success")
+            assert exe.context["paid"] == amount(i)
+            assert exe.version == 1 + len(STEPS), "saved once, then one commit an event"
+        processed = store.execute(f"SELECT count(*), count(DISTINCT event_id) FROM {settings.prefix}_processed_events")
+        assert processed == [(ORDERS * len(STEPS), ORDERS * len(STEPS))]
+    assert sorted(packed) == [amount(i) for i in range(ORDERS)], "each order packed once, on its Ship"
