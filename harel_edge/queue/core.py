@@ -154,11 +154,11 @@ class EventTransport:
         async def attempt() -> list[tuple]:
             return (await self.path.execute(statement, *params, n, volatile=True)).rows
 
-        async def resolve() -> list[tuple]:
-            # Found or not, the look-up is the answer: a claim that did not land leased nothing.
-            # The row is read after the delivery trigger ran: its count is already this one's.
+        async def resolve() -> list[tuple] | None:
+            # What the token holds is what the claim leased (read after the delivery trigger ran:
+            # its count is already this one's); nothing means it did not land: claim again.
             extra = self._returning(with_execution, after_trigger=True)
-            return (await self.path.execute(sql.leased_sql(self.path.queue, extra), token)).rows
+            return (await self.path.execute(sql.leased_sql(self.path.queue, extra), token)).rows or None
 
         rows = sorted(await self.path.run("claim", attempt, resolve), key=lambda row: row[0])
         leases, buried = [], 0
