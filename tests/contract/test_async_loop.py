@@ -79,7 +79,7 @@ def test_the_loop_keeps_ticking_while_a_remote_call_is_in_flight_through_a_slow_
             await asyncio.to_thread(driver.publish, "warm", Event(kind="w"))  # both used once
             await transport.depth()
             calls = {
-                "driver on a thread": lambda: asyncio.to_thread(driver.claim, "w", 30, 4),
+                "sync face on a thread": lambda: asyncio.to_thread(driver.claim, "w", 30, 4),
                 "transport": lambda: transport.claim("w", 30, min_priority=4),
             }
             counts = {}
@@ -97,7 +97,7 @@ def test_the_loop_keeps_ticking_while_a_remote_call_is_in_flight_through_a_slow_
     with LatencyProxy(edge.server.http_port, delay=0.050) as proxy:  # each round trip >= 100 ms
         counts = asyncio.run(main(proxy))
     assert counts["transport"] >= 20, f"the loop ticked during the transport's call: {counts}"
-    assert counts["transport"] >= 5 * (counts["driver on a thread"] + 1), f"far more than on a frozen loop: {counts}"
+    assert counts["sync face on a thread"] >= 20, f"the sync face (httpx, GIL released) never froze the loop: {counts}"
 
 
 async def _until(predicate, what: str) -> None:
