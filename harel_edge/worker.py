@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from harel.engine.aio.distributed import AsyncWorker
 
 from harel_edge import observability
 from harel_edge.connection import EdgeConnection
@@ -33,6 +32,7 @@ from harel_edge.queue import EventPath, EventTransport
 from harel_edge.settings import EdgeSettings
 from harel_edge.status import dead_letter_status, queue_status
 from harel_edge.store import EventStore
+from harel_edge.worker_loops import EdgeAsyncWorker, durable_loop, restarting, wait_ended
 
 log = structlog.get_logger("harel_edge.worker")
 
@@ -132,31 +132,7 @@ class WorkerReport:
         return asdict(self)
 
 
-# ---- the pieces, with their metrics -----------------------------------------------------------
-
-
-class EdgeAsyncWorker(AsyncWorker):
-    """harel's async worker, telling the transport when handling a message raised, so the nack
-    harel's loop then sends records the error and keeps the delivery counted for dead-lettering;
-    `handling` holds the tasks handling a message, which a stop waits for."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.handling: set[asyncio.Task] = set()
-
-    async def _handle(self, lease) -> bool:  # noqa: ANN001 - harel's Lease
-        task = asyncio.current_task()
-        if task is not None and task not in self.handling:
-            self.handling.add(task)
-            task.add_done_callback(self.handling.discard)
-        try:
-            return await super()._handle(lease)
-        except Exception as exc:
-            self.transport.failed(lease, exc)
-            raise
-
-
-def _metered(namespace: str, report: WorkerReport) -> dict[str, Any]:
+def metered(namespace: str, report: WorkerReport) -> dict[str, Any]:
     """The durable loop's callbacks: count steps and passes (metrics, the report), log a lost claim."""
 
     def on_step(kind: str) -> None:
@@ -238,7 +214,7 @@ async def run_worker(
             )
             tasks.append(
                 asyncio.create_task(
-                    _supervised(
+                    restarting(
                         "statecharts", lambda: harel_worker.run(stop, idle_sleep=options.idle_sleep), stop
                     ),
                     name="statecharts",
@@ -252,11 +228,11 @@ async def run_worker(
                 LibsqlDurable(LibsqlCheckpointer(database), scheduler),
                 fn,
                 max_failed_passes=settings.max_deliveries,
-                **_metered(spec.namespace, report),
+                **metered(spec.namespace, report),
             )
             tasks.append(
                 asyncio.create_task(
-                    _durable_loop(loop, stop, options.poll), name=f"workflows:{spec.namespace}"
+                    durable_loop(loop, stop, options.poll), name=f"workflows:{spec.namespace}"
                 )
             )
         sampler = asyncio.create_task(
@@ -286,7 +262,7 @@ async def run_worker(
         if definitions:
             # harel's loop, cancelled, leaves the handlers it started running: their commits (sent
             # anyway) and acks settle their leases, so wait for them before giving anything back.
-            await _ended(harel_worker.handling, settings.retry_deadline)
+            await wait_ended(harel_worker.handling, settings.retry_deadline)
         for task in done:
             if not task.cancelled() and task.exception() is not None:
                 report.error = f"{task.get_name()}: {task.exception()}"
@@ -312,58 +288,6 @@ async def run_worker(
         passes=report.passes,
     )
     return report
-
-
-async def _ended(tasks: set[asyncio.Task], within: float) -> None:
-    """Wait until every task in `tasks` has ended; those still running after `within` seconds
-    are cancelled (and waited for)."""
-    if tasks:
-        await asyncio.wait(list(tasks), timeout=within)
-    for task in list(tasks):
-        task.cancel()
-    while tasks:
-        await asyncio.wait(list(tasks))
-
-
-async def _supervised(name: str, run: Callable[[], Any], stop: asyncio.Event) -> None:
-    """Run `run()` until `stop`; if it fails, log it and start it again after a backoff, since harel's
-    loop ends at its first error and a worker must outlive an unreachable primary.
-    """
-    failures = 0
-    while not stop.is_set():
-        started = time.monotonic()
-        try:
-            await run()
-            return
-        except Exception as exc:  # noqa: BLE001 - logged, and the loop starts again
-            failures = 1 if time.monotonic() - started > 60 else failures + 1
-            delay = min(0.5 * 2 ** (failures - 1), 10.0)
-            log.error(
-                "loop failed; restarting",
-                loop=name,
-                error=f"{type(exc).__name__}: {str(exc)[:300]}",
-                restart_in=delay,
-            )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay)
-
-
-async def _durable_loop(loop: DurableWorker, stop: asyncio.Event, poll: float) -> None:
-    """`DurableWorker.run`, waiting for ready work at most one poll at a time, so a stop is
-    noticed within a poll (plus the pass in progress, which always finishes)."""
-    within = timedelta(seconds=max(poll, 0.01))
-    failures = 0
-    while not stop.is_set():
-        try:
-            await loop.run_once(within)
-            failures = 0
-        except Exception as exc:  # noqa: BLE001 - a worker outlives one bad pass or a lost link
-            failures += 1
-            log.warning(
-                "workflow pass failed", error=f"{type(exc).__name__}: {str(exc)[:300]}", failures=failures
-            )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), min(0.05 * 2**failures, 5.0))
 
 
 async def sample_metrics(

@@ -14,7 +14,7 @@ from harel_edge.executor import open_executor
 from harel_edge.migration import prepare
 from harel_edge.queue import EventPath, EventTransport
 from harel_edge.store import EventStore
-from harel_edge.worker import EdgeAsyncWorker
+from harel_edge.worker_loops import EdgeAsyncWorker
 
 LIMIT = 3
 RECHECK = 5.0  # harel's suspend_recheck: how long a failed message stays parked

@@ -11,7 +11,8 @@ from harel_edge.executor.local import LocalExecutor
 from harel_edge.publishing import publish, publish_request
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
-from harel_edge.worker import EdgeAsyncWorker, WorkerOptions, run_worker
+from harel_edge.worker import WorkerOptions, run_worker
+from harel_edge.worker_loops import EdgeAsyncWorker
 
 EXAMPLES = str(Path(__file__).resolve().parents[2] / "harel_edge" / "examples")
 ORDERS = [f"order-{i}" for i in range(12)]

@@ -1,0 +1,91 @@
+"""The loops one worker process runs (harel's worker, the durable-workflow loop) and how each
+outlives a failure or a stop, kept apart from the wiring in `harel_edge.worker`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import structlog
+from harel.engine.aio.distributed import AsyncWorker
+
+from harel_edge.durable.runtime import DurableWorker
+
+log = structlog.get_logger("harel_edge.worker")
+
+
+class EdgeAsyncWorker(AsyncWorker):
+    """harel's async worker, telling the transport when handling a message raised, so the nack
+    harel's loop then sends records the error and keeps the delivery counted for dead-lettering;
+    `handling` holds the tasks handling a message, which a stop waits for."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.handling: set[asyncio.Task] = set()
+
+    async def _handle(self, lease) -> bool:  # noqa: ANN001 - harel's Lease
+        task = asyncio.current_task()
+        if task is not None and task not in self.handling:
+            self.handling.add(task)
+            task.add_done_callback(self.handling.discard)
+        try:
+            return await super()._handle(lease)
+        except Exception as exc:
+            self.transport.failed(lease, exc)
+            raise
+
+
+async def wait_ended(tasks: set[asyncio.Task], within: float) -> None:
+    """Wait until every task in `tasks` has ended; those still running after `within` seconds
+    are cancelled (and waited for)."""
+    if tasks:
+        await asyncio.wait(list(tasks), timeout=within)
+    for task in list(tasks):
+        task.cancel()
+    while tasks:
+        await asyncio.wait(list(tasks))
+
+
+async def restarting(name: str, run: Callable[[], Any], stop: asyncio.Event) -> None:
+    """Run `run()` until `stop`; if it fails, log it and start it again after a backoff, since harel's
+    loop ends at its first error and a worker must outlive an unreachable primary.
+    """
+    failures = 0
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            await run()
+            return
+        except Exception as exc:  # noqa: BLE001 - logged, and the loop starts again
+            failures = 1 if time.monotonic() - started > 60 else failures + 1
+            delay = min(0.5 * 2 ** (failures - 1), 10.0)
+            log.error(
+                "loop failed; restarting",
+                loop=name,
+                error=f"{type(exc).__name__}: {str(exc)[:300]}",
+                restart_in=delay,
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+
+
+async def durable_loop(loop: DurableWorker, stop: asyncio.Event, poll: float) -> None:
+    """`DurableWorker.run`, waiting for ready work at most one poll at a time, so a stop is
+    noticed within a poll (plus the pass in progress, which always finishes)."""
+    within = timedelta(seconds=max(poll, 0.01))
+    failures = 0
+    while not stop.is_set():
+        try:
+            await loop.run_once(within)
+            failures = 0
+        except Exception as exc:  # noqa: BLE001 - a worker outlives one bad pass or a lost link
+            failures += 1
+            log.warning(
+                "workflow pass failed", error=f"{type(exc).__name__}: {str(exc)[:300]}", failures=failures
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), min(0.05 * 2**failures, 5.0))
