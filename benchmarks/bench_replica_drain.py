@@ -1,16 +1,18 @@
 """Three edge processes, each with its own embedded replica, draining one queue on a real sqld.
 
 `--messages` messages over `--groups` groups are published to the primary, then three spawned
-processes drain them together, each claiming and acking until the queue is empty:
+processes drain them together, each claiming and acking until it finds nothing to claim:
 
-- harel 0.9's `LibsqlTransport` on an embedded replica (its claim is an interactive
-  transaction through the replica: BEGIN IMMEDIATE, SELECT, UPDATE, COMMIT);
-- harel_edge on the replica profile: `EventTransport` over the Hrana executor, with
-  `claim_many(--n)` and `ack_many` (one statement leases n groups' heads; their acks are one
-  unit).
+- `harel`: harel 0.9's `LibsqlTransport` on an embedded replica (its claim is an interactive
+  transaction through the replica: BEGIN IMMEDIATE, SELECT, UPDATE, COMMIT), claim + ack;
+- `sync`: harel_edge's sync `LibsqlTransport` on the replica profile, the same claim + ack loop
+  (one statement each, sent to the primary over Hrana);
+- `sync-many`: the same face with `claim_many(--n)` + `ack_many` (one statement leases n groups'
+  heads; their acks are one statement).
 
-Reported: the wall time from the three starting together to the last one finding the queue
-empty, messages per second, and the ratio. `--delay` adds a latency proxy (seconds each way).
+Reported: the work span (from the three starting together to the last one done), messages per
+second, and each ratio to harel's. `--delay` adds a latency proxy (seconds each way).
+`benchmarks/bench_sync_faces.py` runs the same measurement beside its other two.
 
     HAREL_EDGE_SQLD_BACKEND=binary .venv/bin/python benchmarks/bench_replica_drain.py
 """
@@ -18,7 +20,6 @@ empty, messages per second, and the ratio. `--delay` adds a latency proxy (secon
 from __future__ import annotations
 
 import argparse
-import asyncio
 import multiprocessing
 import tempfile
 import time
@@ -30,9 +31,18 @@ from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
 
 PROCESSES = 3
+KINDS = ("harel", "sync", "sync-many")
+NAMES = {
+    "harel": "harel 0.9 LibsqlTransport (replica), claim + ack",
+    "sync": "harel_edge sync LibsqlTransport (replica), claim + ack",
+    "sync-many": "harel_edge sync LibsqlTransport (replica), claim_many({n}) + ack_many",
+}
 
 
-def drain_harel(url: str, token: str, db: str, prefix: str, start, done) -> None:  # noqa: ANN001
+def drain_harel(url: str, token: str, db: str, prefix: str, n: int, start, done) -> None:  # noqa: ANN001, ARG001
+    import os  # noqa: PLC0415
+
+    os.environ.setdefault("RUST_LOG", "error")
     from harel.engine.transport import LibsqlTransport as HarelLibsqlTransport  # noqa: PLC0415
 
     t = HarelLibsqlTransport(db, sync_url=url, auth_token=token, prefix=prefix, create_schema=False)
@@ -50,53 +60,61 @@ def drain_harel(url: str, token: str, db: str, prefix: str, start, done) -> None
     done.put((time.perf_counter(), count))
 
 
-def drain_edge(url: str, token: str, db: str, prefix: str, n: int, start, done) -> None:  # noqa: ANN001
-    from harel_edge.executor import open_executor  # noqa: PLC0415
-    from harel_edge.queue import EventPath, EventTransport  # noqa: PLC0415
+def drain_sync(url: str, token: str, db: str, prefix: str, n: int, start, done) -> None:  # noqa: ANN001
+    """The sync face, claim + ack one at a time (`n` == 1) or `claim_many(n)` + `ack_many`."""
+    from harel_edge import observability  # noqa: PLC0415
 
+    observability.configure_logging(level="warning")
     settings = ExplicitSettings.load(profile="replica", db_path=db, sync_url=url, auth_token=token, prefix=prefix)
-
-    async def main() -> int:
-        executor = open_executor(settings)
-        transport = EventTransport(EventPath(executor, settings))
+    with LibsqlTransport(settings=settings, create_schema=False) as t:
+        start.wait()
         count = 0
-        try:
-            while leases := await transport.claim_many("edge", 30, n):
-                await transport.ack_many(leases)
+        if n == 1:
+            while (lease := t.claim("edge", 30)) is not None:
+                t.ack(lease)
+                count += 1
+        else:
+            while leases := t.claim_many("edge", 30, n):
+                t.ack_many(leases)
                 count += len(leases)
-        finally:
-            await executor.aclose()
-        return count
-
-    start.wait()
-    count = asyncio.run(main())
-    done.put((time.perf_counter(), count))
+        done.put((time.perf_counter(), count))
 
 
-def run(kind: str, server, url: str, tmp: Path, prefix: str, messages: int, groups: int, n: int) -> tuple[float, int]:
+def drain(kind: str, server, url: str, tmp: Path, prefix: str, messages: int, groups: int, n: int) -> tuple[float, int]:  # noqa: ANN001
+    """Publish `messages` on the primary, then drain them with three `kind` processes: the work
+    span in seconds and the messages they acked."""
     direct = ExplicitSettings.load(profile="sqld", url=server.http_url, auth_token=server.rw_token, prefix=prefix)
-    publisher = LibsqlTransport(settings=direct)
-    publisher.publish_many(Message(f"g{i % groups}", Event(kind="e")) for i in range(messages))
-    publisher.close()
+    with LibsqlTransport(settings=direct) as publisher:
+        publisher.publish_many(Message(f"g{i % groups}", Event(kind="e")) for i in range(messages))
     ctx = multiprocessing.get_context("spawn")
     start, done = ctx.Barrier(PROCESSES + 1), ctx.Queue()
-    procs = []
-    for p in range(PROCESSES):
-        db = str(tmp / f"{kind}-{p}.db")
-        if kind == "harel":
-            args = (url, server.rw_token, db, prefix, start, done)
-            procs.append(ctx.Process(target=drain_harel, args=args))
-        else:
-            args = (url, server.rw_token, db, prefix, n, start, done)
-            procs.append(ctx.Process(target=drain_edge, args=args))
+    target, per_claim = (drain_harel, 1) if kind == "harel" else (drain_sync, 1 if kind == "sync" else n)
+    procs = [
+        ctx.Process(target=target, args=(url, server.rw_token, str(tmp / f"{prefix}-{p}.db"), prefix, per_claim, start, done))
+        for p in range(PROCESSES)
+    ]
     for proc in procs:
         proc.start()
-    start.wait()
+    start.wait(timeout=300)
     began = time.perf_counter()
-    results = [done.get(timeout=600) for _ in procs]
+    results = [done.get(timeout=900) for _ in procs]
     for proc in procs:
         proc.join()
     return max(r[0] for r in results) - began, sum(r[1] for r in results)
+
+
+def measure(server, url: str, tmp: Path, messages: int, groups: int, n: int, kinds=KINDS) -> dict[str, tuple[float, int]]:  # noqa: ANN001
+    """Each kind's (work span, messages acked), one after another, on fresh prefixes."""
+    return {kind: drain(kind, server, url, tmp, f"d_{kind.replace('-', '_')}", messages, groups, n) for kind in kinds}
+
+
+def table(rows: dict[str, tuple[float, int]], n: int) -> list[str]:
+    base = rows["harel"][1] / rows["harel"][0]
+    lines = ["| transport | seconds | messages | messages/s | vs harel |", "| --- | ---: | ---: | ---: | ---: |"]
+    for kind, (seconds, count) in rows.items():
+        rate = count / seconds
+        lines.append(f"| {NAMES[kind].format(n=n)} | {seconds:.2f} | {count} | {rate:,.0f} | {rate / base:.2f}x |")
+    return lines
 
 
 def main() -> None:
@@ -111,23 +129,16 @@ def main() -> None:
     from harel_edge.testing.proxy import LatencyProxy  # noqa: PLC0415
 
     observability.configure_logging(level="warning")
-    rows = {}
     with tempfile.TemporaryDirectory() as tmp, start_sqld_primary() as server:
         proxy = LatencyProxy(server.http_port, delay=args.delay) if args.delay else None
         url = proxy.url if proxy else server.http_url
         try:
-            for kind in ("harel", "edge"):
-                rows[kind] = run(kind, server, url, Path(tmp), f"d_{kind}", args.messages, args.groups, args.n)
+            rows = measure(server, url, Path(tmp), args.messages, args.groups, args.n)
         finally:
             if proxy is not None:
                 proxy.close()
     print(f"\n{PROCESSES} replica processes, {args.messages} messages over {args.groups} groups, delay {args.delay * 1000:g} ms\n")
-    print("| transport | seconds | messages | messages/s | ratio |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    base = rows["harel"][1] / rows["harel"][0]
-    for kind, name in (("harel", "harel 0.9 LibsqlTransport (replica)"), ("edge", f"harel_edge replica, claim_many({args.n}) + ack_many")):
-        seconds, count = rows[kind]
-        print(f"| {name} | {seconds:.2f} | {count} | {count / seconds:,.0f} | {count / seconds / base:.2f}x |")
+    print("\n".join(table(rows, args.n)))
 
 
 if __name__ == "__main__":
