@@ -5,16 +5,13 @@ Every wrong combination fails at start with a `ConfigurationError` naming the va
 
 from __future__ import annotations
 
-import difflib
-import logging
 import math
 import os
 import secrets
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from harel.engine.schema import Names
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -22,15 +19,11 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from harel_edge.errors import ConfigurationError
 from harel_edge.redaction import MARK, remember
+from harel_edge.server_url import check_server_url, is_url
+from harel_edge.settings_variables import ENV_PREFIX, explain, variable_for, warn_unknown_variables
 
 Profile = Literal["local", "sqld", "replica"]
 PROFILES: tuple[str, ...] = ("local", "sqld", "replica")
-
-# The schemes libsql.connect accepts for a server. `libsql://` is Turso's (TLS); `http://` is a
-# self-hosted sqld's Hrana-over-HTTP port.
-SERVER_SCHEMES = ("http", "https", "libsql")  # what the libsql driver opens (ws:// and wss:// it takes for a file)
-WEBSOCKET_SCHEMES = {"ws": "http", "wss": "https"}
-
 
 # The publish window's range: at least a retry's whole default deadline (60 s) past the first
 # attempt, at most a year (the table keeps one row an event for the window).
@@ -44,23 +37,6 @@ DEFAULT_MAX_DELIVERIES = 10
 MIN_SYNC_INTERVAL = 0.05
 MAX_SYNC_INTERVAL = 3600.0
 
-log = logging.getLogger("harel_edge.settings")
-
-# HAREL_EDGE_* variables that are not settings but are read elsewhere: the test fixtures' sqld
-# (harel_edge.testing), compose's scripts.
-OTHER_VARIABLES = frozenset(
-    {
-        "HAREL_EDGE_SQLD_BACKEND",
-        "HAREL_EDGE_SQLD_BINARY",
-        "HAREL_EDGE_REQUIRE_SQLD",
-        "HAREL_EDGE_KEYS_DIR",
-        "HAREL_EDGE_WORKERS",
-        "HAREL_EDGE_WORKER_IMAGE",
-    }
-)
-_ENV_PREFIX = "HAREL_EDGE_"
-_warned: set[str] = set()  # the unknown variables already warned about in this process
-
 TOKEN_WITH_WHITESPACE = (
     "HAREL_EDGE_AUTH_TOKEN (or HAREL_LIBSQL_AUTH_TOKEN) has whitespace inside it, or a character no "
     "token has (only printable ASCII travels in an HTTP header): set it to the token alone, on one "
@@ -69,18 +45,9 @@ TOKEN_WITH_WHITESPACE = (
 )
 
 
-def _env(field: str) -> str:
-    """The variable a user sets for `field`, as error messages name it."""
-    return f"HAREL_EDGE_{field.upper()}"
-
-
 def _default_worker_id() -> str:
     # The random part: containers on the host network share a hostname and are all pid 1.
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-
-
-def _is_url(value: str) -> bool:
-    return "://" in value
 
 
 class EdgeSettings(BaseSettings):
@@ -93,7 +60,7 @@ class EdgeSettings(BaseSettings):
     reads_environment: ClassVar[bool] = True
 
     model_config = SettingsConfigDict(
-        env_prefix="HAREL_EDGE_",
+        env_prefix=ENV_PREFIX,
         env_file=".env",
         env_file_encoding="utf-8",
         extra="ignore",
@@ -241,7 +208,7 @@ class EdgeSettings(BaseSettings):
     @classmethod
     def _positive_seconds(cls, value: float, info: Any) -> float:
         if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{_env(info.field_name)}={value} must be a positive number of seconds")
+            raise ValueError(f"{variable_for(info.field_name)}={value} must be a positive number of seconds")
         return value
 
     @field_validator("publish_window")
@@ -259,7 +226,7 @@ class EdgeSettings(BaseSettings):
     @classmethod
     def _non_negative(cls, value: int, info: Any) -> int:
         if value < (1 if info.field_name == "retry_attempts" else 0):
-            raise ValueError(f"{_env(info.field_name)}={value} is out of range: set a positive whole number")
+            raise ValueError(f"{variable_for(info.field_name)}={value} is out of range: set a positive whole number")
         return value
 
     @field_validator("max_deliveries")
@@ -299,11 +266,11 @@ class EdgeSettings(BaseSettings):
             # Inferred the way a harel user's HAREL_LIBSQL_* variables mean it.
             if self.sync_url:
                 self.profile = "replica"
-            elif self.url or _is_url(self.db_path):
+            elif self.url or is_url(self.db_path):
                 self.profile = "sqld"
             else:
                 self.profile = "local"
-        if self.profile == "sqld" and self.url is None and _is_url(self.db_path):
+        if self.profile == "sqld" and self.url is None and is_url(self.db_path):
             self.url = self.db_path  # HAREL_LIBSQL_DB may name the server itself
         if self.profile == "local":
             if self.sync_url:
@@ -316,7 +283,7 @@ class EdgeSettings(BaseSettings):
                     "HAREL_EDGE_URL is set but HAREL_EDGE_PROFILE=local: set HAREL_EDGE_PROFILE=sqld "
                     "to use that server, or unset HAREL_EDGE_URL"
                 )
-            if _is_url(self.db_path):
+            if is_url(self.db_path):
                 raise ValueError(
                     f"HAREL_EDGE_DB_PATH={self.db_path!r} is a URL but the local profile needs a file path: "
                     "set HAREL_EDGE_PROFILE=sqld and HAREL_EDGE_URL to use a server"
@@ -327,7 +294,7 @@ class EdgeSettings(BaseSettings):
                     "HAREL_EDGE_PROFILE=sqld needs the server: set HAREL_EDGE_URL=http://host:8080 "
                     "(self-hosted sqld) or libsql://<db>.turso.io"
                 )
-            _check_server_url("HAREL_EDGE_URL", self.url)
+            check_server_url("HAREL_EDGE_URL", self.url)
             if self.sync_url:
                 raise ValueError(
                     "HAREL_EDGE_SYNC_URL is set but HAREL_EDGE_PROFILE=sqld talks to the server directly: "
@@ -339,8 +306,8 @@ class EdgeSettings(BaseSettings):
                     "HAREL_EDGE_PROFILE=replica needs its primary: set HAREL_EDGE_SYNC_URL="
                     "http://host:8080 (the primary's HTTP address, not its gRPC one)"
                 )
-            _check_server_url("HAREL_EDGE_SYNC_URL", self.sync_url)
-            if _is_url(self.db_path) or self.db_path == ":memory:":
+            check_server_url("HAREL_EDGE_SYNC_URL", self.sync_url)
+            if is_url(self.db_path) or self.db_path == ":memory:":
                 raise ValueError(
                     f"HAREL_EDGE_DB_PATH={self.db_path!r} must be a local file for the replica profile: "
                     "set it to the path of the replica's file, e.g. /var/lib/harel-edge/replica.db"
@@ -360,11 +327,11 @@ class EdgeSettings(BaseSettings):
         An unknown `HAREL_EDGE_*` variable is warned about once a process, with the setting it resembles.
         """
         if cls.reads_environment:
-            warn_unknown_variables(overrides.get("_env_file", cls.model_config.get("env_file")))
+            warn_unknown_variables(cls.model_fields, overrides.get("_env_file", cls.model_config.get("env_file")))
         try:
             return cls(**overrides)
         except ValidationError as exc:
-            raise ConfigurationError(_explain(exc)) from None
+            raise ConfigurationError(explain(exc)) from None
 
     @property
     def server(self) -> str | None:
@@ -377,87 +344,6 @@ class EdgeSettings(BaseSettings):
         data["auth_token"] = MARK if self.auth_token else None
         data["routing_keys"] = list(self.routing_keys)
         return data
-
-
-# Variables earlier releases read, and why nothing reads them now.
-RETIRED_VARIABLES = {
-    "HAREL_EDGE_ASYNC_PROCESSES": "the durable stores speak Hrana from the event loop and start no process; remove it",
-}
-
-
-def known_variables() -> frozenset[str]:
-    """Every HAREL_EDGE_* variable harel_edge reads: one a setting, and the others'."""
-    return frozenset(_env(name) for name in EdgeSettings.model_fields) | OTHER_VARIABLES
-
-
-def unknown_variables(names: Iterable[str]) -> list[tuple[str, str | None]]:
-    """The HAREL_EDGE_* names among `names` that nothing reads, each with the known variable it
-    most resembles (None when none is close). Matched without regard to case, as settings are."""
-    known = known_variables()
-    suffixes = {name.removeprefix(_ENV_PREFIX): name for name in known}
-    found = []
-    for name in names:
-        upper = name.upper()
-        if not upper.startswith(_ENV_PREFIX) or upper in known:
-            continue
-        guess = difflib.get_close_matches(upper.removeprefix(_ENV_PREFIX), sorted(suffixes), n=1, cutoff=0.6)
-        found.append((name, suffixes[guess[0]] if guess else None))
-    return found
-
-
-def warn_unknown_variables(env_files: Any = None) -> None:
-    """Log a warning for each unknown HAREL_EDGE_* variable in the environment and the env
-    file(s), once a process. Only names are logged, never a value (it may be a token)."""
-    sources: list[tuple[str, Iterable[str]]] = [("", os.environ)]
-    if isinstance(env_files, (str, os.PathLike)):
-        env_files = [env_files]
-    for env_file in env_files or ():
-        if Path(env_file).is_file():
-            from dotenv import dotenv_values  # noqa: PLC0415 - pydantic-settings' own dependency
-
-            sources.append((f" (in {env_file})", dotenv_values(env_file).keys()))
-    for where, names in sources:
-        for name, guess in unknown_variables(names):
-            if name.upper() in _warned:
-                continue
-            _warned.add(name.upper())
-            if name.upper() in RETIRED_VARIABLES:
-                log.warning("%s%s is no longer used and is ignored: %s", name, where, RETIRED_VARIABLES[name.upper()])
-                continue
-            hint = f": did you mean {guess}?" if guess else " (`harel-edge config show` lists the settings)"
-            log.warning("%s%s is not a harel_edge setting and is ignored%s", name, where, hint)
-
-
-def _check_server_url(variable: str, url: str) -> None:
-    parts = urlsplit(url)
-    if parts.scheme in WEBSOCKET_SCHEMES:
-        same = urlunsplit((WEBSOCKET_SCHEMES[parts.scheme], *parts[1:]))
-        raise ValueError(
-            f"{variable}={url!r} is a WebSocket URL, which the libsql driver cannot open (every command "
-            f"would fail): set {variable}={same} for the same server"
-        )
-    if parts.scheme not in SERVER_SCHEMES or not parts.hostname:
-        raise ValueError(
-            f"{variable}={url!r} is not a server URL: set it to http://host:port (self-hosted sqld) "
-            "or libsql://<db>.turso.io"
-        )
-    try:
-        parts.port  # noqa: B018 - raises on a malformed port
-    except ValueError:
-        raise ValueError(f"{variable}={url!r} has a malformed port: set http://host:PORT") from None
-
-
-def _explain(exc: ValidationError) -> str:
-    """One line per problem, each naming the variable, without echoing secrets."""
-    lines = []
-    for error in exc.errors(include_url=False, include_input=False):
-        message = str(error.get("msg", "")).removeprefix("Value error, ")
-        field = next((str(part) for part in error.get("loc", ()) if isinstance(part, str)), "")
-        if field and "HAREL_" not in message:
-            variable = _env(field) if not field.startswith("HAREL_") else field
-            message = f"{variable}: {message}"
-        lines.append(message)
-    return "invalid configuration: " + "; ".join(lines)
 
 
 class ExplicitSettings(EdgeSettings):
@@ -487,7 +373,7 @@ def settings_for_database(
         values["auth_token"] = auth_token
     if sync_url is not None:
         values.update(profile="replica", db_path=database, sync_url=sync_url, sync_interval=sync_interval)
-    elif "://" in database:
+    elif is_url(database):
         values.update(profile="sqld", url=database)
     else:
         values.update(profile="local", db_path=database)

@@ -191,9 +191,9 @@ def test_a_token_with_whitespace_or_an_invisible_character_inside_is_refused_wit
 
 @pytest.fixture
 def warnings_log(caplog, monkeypatch):
-    from harel_edge import settings as settings_module
+    from harel_edge import settings_variables
 
-    monkeypatch.setattr(settings_module, "_warned", set())
+    monkeypatch.setattr(settings_variables, "_warned", set())
     caplog.set_level("WARNING", logger="harel_edge.settings")
     return caplog
 

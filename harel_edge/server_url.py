@@ -1,0 +1,36 @@
+"""Which addresses name a primary the settings can reach, and the error, naming the variable, for
+those that cannot (a WebSocket URL, another scheme, a malformed port)."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+# The schemes libsql.connect accepts for a server. `libsql://` is Turso's (TLS); `http://` is a
+# self-hosted sqld's Hrana-over-HTTP port.
+SERVER_SCHEMES = ("http", "https", "libsql")  # what the libsql driver opens (ws:// and wss:// it takes for a file)
+WEBSOCKET_SCHEMES = {"ws": "http", "wss": "https"}
+
+
+def is_url(value: str) -> bool:
+    """Whether a database setting names a server rather than a file."""
+    return "://" in value
+
+
+def check_server_url(variable: str, url: str) -> None:
+    """Refuse, naming `variable`, a URL that names no server the libsql driver can open."""
+    parts = urlsplit(url)
+    if parts.scheme in WEBSOCKET_SCHEMES:
+        same = urlunsplit((WEBSOCKET_SCHEMES[parts.scheme], *parts[1:]))
+        raise ValueError(
+            f"{variable}={url!r} is a WebSocket URL, which the libsql driver cannot open (every command "
+            f"would fail): set {variable}={same} for the same server"
+        )
+    if parts.scheme not in SERVER_SCHEMES or not parts.hostname:
+        raise ValueError(
+            f"{variable}={url!r} is not a server URL: set it to http://host:port (self-hosted sqld) "
+            "or libsql://<db>.turso.io"
+        )
+    try:
+        parts.port  # noqa: B018 - raises on a malformed port
+    except ValueError:
+        raise ValueError(f"{variable}={url!r} has a malformed port: set http://host:PORT") from None
