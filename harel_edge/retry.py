@@ -5,7 +5,9 @@ The one module that uses tenacity; what it decides and why: docs/operations.md (
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import structlog
@@ -157,6 +159,68 @@ def policy(settings: EdgeSettings, operation: str, kind: type[Retrying] | type[A
     )
 
 
+async def acall_with_retry(
+    settings: EdgeSettings,
+    operation: str,
+    attempt: Callable[[], Awaitable[T]],
+    *,
+    recover: Callable[[BaseException], Awaitable[None]] | None = None,
+    resolve: Callable[[], Awaitable[T | None]] | None = None,
+) -> T:
+    """The one retry driver: run `attempt` under the policy; return its result or raise its last error.
+
+    Before every resend `recover(error)` repairs what the failure broke, then `resolve()` looks
+    up whether the failed attempt applied after all: a value other than None is the result."""
+    try:
+        return await attempt()
+    except Exception as exc:
+        if not is_transient(exc):
+            log.info("not retried", operation=operation, attempt=1, error=_error_text(exc))
+            raise
+        failed: Exception = exc
+    return await _retry(settings, operation, failed, attempt, recover, resolve)
+
+
+async def _retry(
+    settings: EdgeSettings,
+    operation: str,
+    failed: Exception,
+    attempt: Callable[[], Awaitable[T]],
+    recover: Callable[[BaseException], Awaitable[None]] | None,
+    resolve: Callable[[], Awaitable[T | None]] | None,
+) -> T:
+    """The tries after a transient `failed` first one (the event loop runs during back-off)."""
+    tries, first = 1, True  # attempts sent so far
+    try:
+        async for tried in policy(settings, operation, AsyncRetrying):
+            with tried:
+                if first:
+                    first = False
+                    raise failed  # the first attempt, counted by the policy
+                try:
+                    if recover is not None:
+                        await recover(failed)
+                    if resolve is not None:
+                        found = await resolve()
+                        if found is not None:
+                            log.info("ambiguous write resolved", operation=operation, outcome="applied", attempts=tries)
+                            return found
+                    tries += 1
+                    result = await attempt()
+                except Exception as exc:
+                    failed = exc
+                    if not is_transient(exc):
+                        log.info("not retried", operation=operation, attempt=tries, error=_error_text(exc))
+                    raise
+                log.info("succeeded after retrying", operation=operation, attempts=tries)
+                return result
+    except Exception as exc:
+        if is_transient(exc):
+            log.error("gave up", operation=operation, attempts=tries, error=_error_text(exc))
+        raise
+    raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+
 def call_with_retry(
     settings: EdgeSettings,
     operation: str,
@@ -165,95 +229,31 @@ def call_with_retry(
     recover: Callable[[BaseException], None] | None = None,
     resolve: Callable[[], T | None] | None = None,
 ) -> T:
-    """Run `attempt` under the policy; return its result or raise its last error.
-
-    After a failure `recover` repairs the connection, then `resolve` looks up whether the write took effect.
-    """
+    """`acall_with_retry` for sync callers (on a thread, or with no loop): the first attempt
+    here; the tries after a transient failure through the one driver, on a loop of their own."""
     try:
         return attempt()
-    except BaseException as exc:
+    except Exception as exc:
         if not is_transient(exc):
             log.info("not retried", operation=operation, attempt=1, error=_error_text(exc))
             raise
-        first = exc
-    latest: BaseException | None = None  # the transient failure recovery must repair
-    unsettled = False  # an attempt was sent and its outcome is unknown
-    tries = 0
-    try:
-        for tried in policy(settings, operation):
-            with tried:
-                tries += 1
-                try:
-                    if tries == 1:
-                        unsettled = True
-                        raise first  # the attempt that already failed, counted by the policy
-                    if latest is not None:
-                        if recover is not None:
-                            recover(latest)
-                        if unsettled and resolve is not None:
-                            found = resolve()
-                            if found is not None:
-                                log.info(
-                                    "ambiguous write resolved",
-                                    operation=operation,
-                                    outcome="applied",
-                                    attempts=tries,
-                                )
-                                return found
-                        unsettled = False
-                        latest = None
-                    unsettled = True
-                    result = attempt()
-                    unsettled = False
-                except BaseException as exc:
-                    latest = exc
-                    if not is_transient(exc):
-                        log.info("not retried", operation=operation, attempt=tries, error=_error_text(exc))
-                    raise
-                if tries > 1:
-                    log.info("succeeded after retrying", operation=operation, attempts=tries)
-                return result
-    except BaseException as exc:
-        if is_transient(exc):
-            log.error("gave up", operation=operation, attempts=tries, error=_error_text(exc))
-        raise
-    raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
-
-
-async def acall_with_retry(
-    settings: EdgeSettings,
-    operation: str,
-    attempt: Callable[[], Awaitable[T]],
-    *,
-    resolve: Callable[[], Awaitable[T | None]] | None = None,
-) -> T:
-    """`call_with_retry` for coroutines over a stateless link (nothing to repair between tries):
-    after a transient failure `resolve()` looks the write up, and a value other than None is
-    the result; otherwise `attempt` runs again. The event loop keeps running during back-off."""
-    try:
-        return await attempt()
-    except Exception as exc:
-        if not is_transient(exc):
-            raise
         failed: Exception = exc
-    tries = 1
+
+    async def again() -> T:
+        return attempt()
+
+    async def repair(error: BaseException) -> None:
+        if recover is not None:
+            recover(error)
+
+    async def look_up() -> T | None:
+        return resolve() if resolve is not None else None
+
+    tries = _retry(settings, operation, failed, again, repair, look_up)
     try:
-        async for tried in policy(settings, operation, AsyncRetrying):
-            with tried:
-                if tries == 1:
-                    tries += 1
-                    raise failed  # the first attempt, counted by the policy
-                tries += 1
-                if resolve is not None:
-                    found = await resolve()
-                    if found is not None:
-                        log.info("ambiguous write resolved", operation=operation, outcome="applied", attempts=tries)
-                        return found
-                result = await attempt()
-                log.info("succeeded after retrying", operation=operation, attempts=tries)
-                return result
-    except Exception as exc:
-        if is_transient(exc):
-            log.error("gave up", operation=operation, attempts=tries, error=_error_text(exc))
-        raise
-    raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(tries)
+    # On a running loop's thread (which a sync call blocks anyway): the tries on a thread of their own.
+    with ThreadPoolExecutor(1, thread_name_prefix="harel-edge-retry") as thread:
+        return thread.submit(asyncio.run, tries).result()
