@@ -56,7 +56,7 @@ os.environ.setdefault("RUST_LOG", "error")
 
 from harel_edge import schema  # noqa: E402
 from harel_edge.durable import LibsqlCheckpointer, SqlEffect, connect, migrate  # noqa: E402
-from harel_edge.durable.checkpointer import _CLAIM, _RECORD, _TRANSACT_FENCE  # noqa: E402
+from harel_edge.durable.checkpoint_statements import CLAIM, RECORD, TRANSACT_FENCE  # noqa: E402
 from harel_edge.settings import EdgeSettings  # noqa: E402
 
 BUDGET, ALIVE = timedelta(hours=1), timedelta(minutes=30)
@@ -133,7 +133,7 @@ def _sqlite3_operation(
     schema.migrate(lambda sql: conn.execute(sql).fetchall())
     conn.execute(EFFECTS_TABLE)
     tokens = [
-        conn.execute(_CLAIM, (f"bench-{k}", BUDGET.total_seconds(), ALIVE.total_seconds(), None)).fetchall()[
+        conn.execute(CLAIM, (f"bench-{k}", BUDGET.total_seconds(), ALIVE.total_seconds(), None)).fetchall()[
             0
         ][0]
         for k in range(inflight)
@@ -143,7 +143,7 @@ def _sqlite3_operation(
     def record(k: int, index: int) -> None:
         with lock:
             rows = conn.execute(
-                _RECORD, (f"bench-{k}", f"step-{index}", json.dumps({"n": index}), tokens[k], None)
+                RECORD, (f"bench-{k}", f"step-{index}", json.dumps({"n": index}), tokens[k], None)
             ).fetchall()
         assert rows[0][0]
 
@@ -151,10 +151,10 @@ def _sqlite3_operation(
         workflow, step = f"bench-{k}", f"step-{index}"
         with lock:
             conn.execute("BEGIN IMMEDIATE")
-            fence = conn.execute(_TRANSACT_FENCE, (workflow, tokens[k], step, None)).fetchall()
+            fence = conn.execute(TRANSACT_FENCE, (workflow, tokens[k], step, None)).fetchall()
             assert fence and fence[0][0] is None
             conn.execute(EFFECT, (workflow, step))
-            assert conn.execute(_RECORD, (workflow, step, json.dumps(step), tokens[k], None)).fetchall()[0][0]
+            assert conn.execute(RECORD, (workflow, step, json.dumps(step), tokens[k], None)).fetchall()[0][0]
             conn.execute("COMMIT")
 
     return conn, record if kind == "record" else transact

@@ -1,6 +1,6 @@
 """LibsqlCheckpointer: a workflow's steps as rows, and its claim as a fenced row beside them.
 
-Every write is checked against the claim's token in the statement that writes (docs/durable.md).
+Every write is checked against the claim's token in the statement that writes (checkpoint_statements.py, docs/durable.md).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from harel_edge.connection import EdgeConnection
+from harel_edge.durable import checkpoint_statements as sql
 from harel_edge.durable.database import Database, execute_many
 from harel_edge.durable.types import (
     INBOX,
@@ -27,103 +28,6 @@ from harel_edge.durable.types import (
 )
 from harel_edge.executor import StatementError, Stmt
 from harel_edge.ids import refuse_nul
-from harel_edge.schema import now_table
-
-# Every statement gets the current time as one parameter: a number from an injected clock, or
-# NULL for the database's own. `t.now` is then one value for the whole statement.
-
-
-def _now(n: int) -> str:
-    return now_table(f"?{n}")
-
-
-_LOAD = "SELECT step, value FROM workflow_checkpoint WHERE workflow = ? ORDER BY seq"
-_HISTORY = "SELECT step, value, written_at FROM workflow_checkpoint WHERE workflow = ? ORDER BY seq"
-_LOOKUP = "SELECT value FROM workflow_checkpoint WHERE workflow = ? AND step = ?"
-
-# A new claim wins only over one that is not alive (lapsed, released, or past its budget).
-# The token is one more than the last, so every write of an older pass is refused from now on.
-_CLAIM = f"""
-INSERT INTO workflow_claim (workflow, token, held_until, alive_until, alive_for)
-SELECT ?1, 1, t.now + ?2, t.now + MIN(?2, ?3), ?3 FROM {_now(4)} WHERE true
-ON CONFLICT (workflow) DO UPDATE SET
-    token = workflow_claim.token + 1,
-    held_until = excluded.held_until,
-    alive_until = excluded.alive_until,
-    alive_for = excluded.alive_for
-WHERE workflow_claim.alive_until <= excluded.held_until - ?2
-RETURNING token, held_until
-"""
-
-# The fence for every holder's write: the token is current and the budget is not spent.
-_EXTEND = f"""
-UPDATE workflow_claim SET held_until = t.now + ?3, alive_until = t.now + MIN(?3, ?4), alive_for = ?4
-FROM {_now(5)}
-WHERE workflow = ?1 AND token = ?2 AND held_until > t.now
-RETURNING held_until
-"""
-
-# A sign of life: never past the budget, and nothing at all once released (held_until <= now).
-_RENEW = f"""
-UPDATE workflow_claim SET alive_until = MIN(t.now + ?3, held_until), alive_for = ?3
-FROM {_now(4)}
-WHERE workflow = ?1 AND token = ?2 AND held_until > t.now
-RETURNING alive_until
-"""
-
-_RELEASE = f"""
-UPDATE workflow_claim SET held_until = MIN(held_until, t.now), alive_until = MIN(alive_until, t.now)
-FROM {_now(3)}
-WHERE workflow = ?1 AND token = ?2
-"""
-
-# Fence, first-write-wins insert and sign of life in one statement (the view's trigger).
-# `held` and `existed` are evaluated before the trigger; RETURNING's subqueries after it.
-_RECORD = f"""
-INSERT INTO workflow_record (workflow, step, value, written_at, token, held, existed)
-SELECT ?1, ?2, ?3, t.now, ?4,
-    EXISTS (SELECT 1 FROM workflow_claim WHERE workflow = ?1 AND token = ?4 AND held_until > t.now),
-    EXISTS (SELECT 1 FROM workflow_checkpoint WHERE workflow = ?1 AND step = ?2)
-FROM {_now(5)}
-RETURNING held, existed,
-    (SELECT value FROM workflow_checkpoint WHERE workflow = ?1 AND step = ?2),
-    (SELECT written_at FROM workflow_checkpoint WHERE workflow = ?1 AND step = ?2)
-"""
-
-# transact's first statement, inside its transaction: fence and sign of life, and whether the
-# step is already recorded (a replay), in one write that a replica delegates to the primary.
-_TRANSACT_FENCE = f"""
-UPDATE workflow_claim SET alive_until = MIN(t.now + alive_for, held_until)
-FROM {_now(4)}
-WHERE workflow = ?1 AND token = ?2 AND held_until > t.now
-RETURNING (SELECT value FROM workflow_checkpoint WHERE workflow = ?1 AND step = ?3)
-"""
-
-# SqlEffect guards: json() of a non-JSON text fails the statement, aborting the unit when the
-# fence failed, the step is already recorded, or the record was not written.
-_HELD_GUARD = "SELECT CASE WHEN changes() = 1 THEN 1 ELSE json('fenced') END"
-_NOT_RECORDED_GUARD = (
-    "SELECT CASE WHEN EXISTS (SELECT 1 FROM workflow_checkpoint WHERE workflow = ?1 AND step = ?2) "
-    "THEN json('recorded') ELSE 1 END"
-)
-_RECORDED_GUARD = (
-    "SELECT CASE WHEN EXISTS (SELECT 1 FROM workflow_checkpoint WHERE workflow = ?1 AND step = ?2) "
-    "THEN 1 ELSE json('fenced') END"
-)
-
-# A write from outside the workflow; with a namespace it also makes the workflow ready.
-ARRIVE = f"""
-INSERT INTO workflow_arrival (workflow, step, value, written_at, namespace, visible_at)
-SELECT ?1, ?2, ?3, t.now, ?4, t.now FROM {_now(5)}
-RETURNING (SELECT value FROM workflow_checkpoint WHERE workflow = ?1 AND step = ?2)
-"""
-
-# Forget the records, raise the fence; with a namespace also drop the queue row.
-DISCARD = f"""
-INSERT INTO workflow_discard (workflow, namespace, at, records)
-SELECT ?1, ?2, t.now, (SELECT count(*) FROM workflow_checkpoint WHERE workflow = ?1) FROM {_now(3)}
-RETURNING records
-"""
 
 
 class Transaction:
@@ -189,13 +93,13 @@ class LibsqlCheckpointer:
     async def load(self, workflow: str) -> dict[str, object]:
         """Every record of the workflow, in the order they were written (read on the primary)."""
         refuse_nul(workflow, "workflow id")
-        rows = await self.database.execute("durable.load", _LOAD, (workflow,))
+        rows = await self.database.execute("durable.load", sql.LOAD, (workflow,))
         return {step: self.codec.decode(value) for step, value in rows}
 
     async def history(self, workflow: str) -> dict[str, Written]:
         """The same records as `load`, each with when it was written (by the writer's clock)."""
         refuse_nul(workflow, "workflow id")
-        rows = await self.database.execute("durable.history", _HISTORY, (workflow,))
+        rows = await self.database.execute("durable.history", sql.HISTORY, (workflow,))
         return {
             step: Written(self.codec.decode(value), from_seconds(written_at))
             for step, value, written_at in rows
@@ -210,7 +114,7 @@ class LibsqlCheckpointer:
         """
         refuse_nul(workflow, "workflow id")
         budget_s, alive_s = _positive(budget, "budget"), _positive(alive, "alive")
-        rows = await self.database.execute("durable.claim", _CLAIM, (workflow, budget_s, alive_s, self.clock_param()))
+        rows = await self.database.execute("durable.claim", sql.CLAIM, (workflow, budget_s, alive_s, self.clock_param()))
         if not rows:
             return None
         token, held_until = rows[0]
@@ -219,7 +123,7 @@ class LibsqlCheckpointer:
     async def extend(self, holder: Pass, budget: timedelta, alive: timedelta) -> bool:
         """Give the claim a new budget from now; False if it is no longer this pass's."""
         budget_s, alive_s = _positive(budget, "budget"), _positive(alive, "alive")
-        rows = await self.database.execute("durable.extend", _EXTEND, (holder.workflow, holder.token, budget_s, alive_s, self.clock_param()))
+        rows = await self.database.execute("durable.extend", sql.EXTEND, (holder.workflow, holder.token, budget_s, alive_s, self.clock_param()))
         return bool(rows)
 
     async def renew(self, holder: Pass, alive: timedelta) -> bool:
@@ -228,12 +132,12 @@ class LibsqlCheckpointer:
         False once the claim is not this pass's (taken over, released, out of budget); it never revives one.
         """
         alive_s = _positive(alive, "alive")
-        rows = await self.database.execute("durable.renew", _RENEW, (holder.workflow, holder.token, alive_s, self.clock_param()))
+        rows = await self.database.execute("durable.renew", sql.RENEW, (holder.workflow, holder.token, alive_s, self.clock_param()))
         return bool(rows) and rows[0][0] is not None
 
     async def release(self, holder: Pass) -> None:
         """Give the workflow up now, so the next pass need not wait for the claim to lapse."""
-        await self.database.execute("durable.release", _RELEASE, (holder.workflow, holder.token, self.clock_param()))
+        await self.database.execute("durable.release", sql.RELEASE, (holder.workflow, holder.token, self.clock_param()))
 
     # ---- writing -----------------------------------------------------------------------------
 
@@ -244,7 +148,7 @@ class LibsqlCheckpointer:
         """
         refuse_nul(key, "step name")
         text = self.codec.encode(value)
-        rows = await self.database.execute("durable.record", _RECORD, (holder.workflow, key, text, holder.token, self.clock_param()))
+        rows = await self.database.execute("durable.record", sql.RECORD, (holder.workflow, key, text, holder.token, self.clock_param()))
         held, existed, stored, written_at = rows[0]
         if not held:
             raise FencedError(_fenced(holder.workflow, holder.token))
@@ -277,16 +181,16 @@ class LibsqlCheckpointer:
         text = self.codec.encode(effect.value)
         at = self.clock_param()
         stmts = [
-            Stmt(_TRANSACT_FENCE, (workflow, token, key, at)),
-            Stmt(_HELD_GUARD),
-            Stmt(_NOT_RECORDED_GUARD, (workflow, key)),
+            Stmt(sql.TRANSACT_FENCE, (workflow, token, key, at)),
+            Stmt(sql.HELD_GUARD),
+            Stmt(sql.NOT_RECORDED_GUARD, (workflow, key)),
             *effect.statements,
-            Stmt(_RECORD, (workflow, key, text, token, at)),
-            Stmt(_RECORDED_GUARD, (workflow, key)),
+            Stmt(sql.RECORD, (workflow, key, text, token, at)),
+            Stmt(sql.RECORDED_GUARD, (workflow, key)),
         ]
 
         async def recorded() -> str | None:
-            rows = await self.database.execute("durable.transact.lookup", _LOOKUP, (workflow, key))
+            rows = await self.database.execute("durable.transact.lookup", sql.LOOKUP, (workflow, key))
             return rows[0][0] if rows else None
 
         try:
@@ -318,7 +222,7 @@ class LibsqlCheckpointer:
         refuse_nul(workflow, "workflow id")
         refuse_nul(key, "key")
         text = self.codec.encode(value)
-        rows = await self.database.execute("durable.supply", ARRIVE, (workflow, key, text, None, self.clock_param()))
+        rows = await self.database.execute("durable.supply", sql.ARRIVE, (workflow, key, text, None, self.clock_param()))
         return self.codec.decode(rows[0][0])
 
     async def append(self, workflow: str, value: object, key: str | None = None) -> Entry:
@@ -336,7 +240,7 @@ class LibsqlCheckpointer:
         Why one commit: docs/durable-design.md ("Deleting a workflow").
         """
         refuse_nul(workflow, "workflow id")
-        rows = await self.database.execute("durable.discard", DISCARD, (workflow, None, self.clock_param()))
+        rows = await self.database.execute("durable.discard", sql.DISCARD, (workflow, None, self.clock_param()))
         return int(rows[0][0])
 
 
@@ -377,7 +281,7 @@ def _transact(
 
     connection.execute("BEGIN IMMEDIATE")
     try:
-        rows = connection.execute(_TRANSACT_FENCE, (workflow, token, key, at()))
+        rows = connection.execute(sql.TRANSACT_FENCE, (workflow, token, key, at()))
         if not rows:
             raise FencedError(_fenced(workflow, token))
         if rows[0][0] is not None:  # a replay: recorded already, perform nothing
@@ -385,7 +289,7 @@ def _transact(
             return rows[0][0]
         result = effect(Transaction(connection))
         text = codec.encode(result)
-        held, _, stored, _ = connection.execute(_RECORD, (workflow, key, text, token, at()))[0]
+        held, _, stored, _ = connection.execute(sql.RECORD, (workflow, key, text, token, at()))[0]
         if not held:  # the budget ran out while the effect ran
             raise FencedError(_fenced(workflow, token))
         connection.execute("COMMIT")
@@ -397,7 +301,7 @@ def _transact(
 
 def _committed(connection: EdgeConnection, workflow: str, token: int, key: str, *_: object) -> str | None:
     """After a `transact` attempt failed somewhere unknown: is the step's row on the primary?"""
-    rows = connection.execute(_LOOKUP, (workflow, key))
+    rows = connection.execute(sql.LOOKUP, (workflow, key))
     return rows[0][0] if rows else None
 
 

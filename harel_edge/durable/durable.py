@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harel_edge.durable.checkpointer import ARRIVE, DISCARD, LibsqlCheckpointer, new_inbox_key
+from harel_edge.durable.checkpoint_statements import ARRIVE, DISCARD
+from harel_edge.durable.checkpointer import LibsqlCheckpointer, new_inbox_key
 from harel_edge.durable.database import Database
 from harel_edge.durable.scheduler import LibsqlScheduler
 from harel_edge.durable.types import Entry
