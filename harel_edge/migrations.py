@@ -5,7 +5,7 @@ with its `user_version` bump, serialised by the write lock (docs/operations.md, 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,45 +160,62 @@ def _state(rows: list[tuple]) -> tuple[int, int]:
 Atomic = Callable[[list[str]], Any]
 
 
-def upgrade(execute: schema.Execute, prefix: str = DEFAULT_PREFIX, *, atomic: Atomic | None = None) -> Outcome:
-    """Apply every version the database or `prefix` lacks: reads through `execute(sql)`, each
-    version through `atomic(statements)` (one transaction; default: `interactive(execute)`)."""
-    run = atomic or interactive(execute)
-    sql = state_sql(prefix)
-    steps, reply = _steps(prefix), None
+async def _drive(steps: Steps, read: Callable[[], Awaitable[Any]], apply: Callable[[list[str]], Awaitable[Any]]) -> Outcome:
+    """Answer `steps`' requests: `read()` for the state's rows, `apply(statements)` for a version's
+    transaction (what it raised handed back: a lost race, or re-raised)."""
+    reply = None
     try:
         while True:
             request = steps.send(reply)
             if request is _READ:
-                reply = execute(sql)
+                reply = await read()
                 continue
             try:
-                run(request)
+                await apply(request)
                 reply = None
             except Exception as exc:  # noqa: BLE001 - handed back: a lost race or re-raised
                 reply = exc
     except StopIteration as done:
         return done.value
+
+
+def _run_sync(coroutine: Coroutine[Any, Any, Outcome]) -> Outcome:
+    """The result of a coroutine that awaits only sync work (never suspends), without a loop."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    coroutine.close()
+    raise RuntimeError("a sync migration step suspended")
+
+
+def upgrade(execute: schema.Execute, prefix: str = DEFAULT_PREFIX, *, atomic: Atomic | None = None) -> Outcome:
+    """Apply every version the database or `prefix` lacks: reads through `execute(sql)`, each
+    version through `atomic(statements)` (one transaction; default: `interactive(execute)`)."""
+    run = atomic or interactive(execute)
+    sql = state_sql(prefix)
+
+    async def read() -> Any:
+        return execute(sql)
+
+    async def apply(statements: list[str]) -> None:
+        run(statements)
+
+    return _run_sync(_drive(_steps(prefix), read, apply))
 
 
 async def upgrade_async(executor: Any, prefix: str = DEFAULT_PREFIX) -> Outcome:
     """`upgrade` through an executor (harel_edge.executor): each version one `transaction`, so
     one Hrana request to a remote primary; reads are `execute` units."""
     sql = state_sql(prefix)
-    steps, reply = _steps(prefix), None
-    try:
-        while True:
-            request = steps.send(reply)
-            if request is _READ:
-                reply = (await executor.execute(Stmt(sql))).rows
-                continue
-            try:
-                await executor.transaction([Stmt(statement) for statement in request])
-                reply = None
-            except Exception as exc:  # noqa: BLE001 - handed back: a lost race or re-raised
-                reply = exc
-    except StopIteration as done:
-        return done.value
+
+    async def read() -> Any:
+        return (await executor.execute(Stmt(sql))).rows
+
+    async def apply(statements: list[str]) -> None:
+        await executor.transaction([Stmt(statement) for statement in statements])
+
+    return await _drive(_steps(prefix), read, apply)
 
 
 def missing(execute: schema.Execute, prefix: str = DEFAULT_PREFIX) -> tuple[int, ...]:
