@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import libsql  # noqa: E402
 
 from harel_edge.connection import EdgeConnection  # noqa: E402
+from harel_edge.loop_thread import Statements  # noqa: E402
 from harel_edge.settings import ExplicitSettings  # noqa: E402
 from harel_edge.testing import start_sqld_primary  # noqa: E402
 
@@ -44,8 +45,8 @@ COMPACT_MB = 8  # --max-log-size for the compacted bootstrap rows
 POLL = 0.0005
 
 
-def remote(server, **extra) -> EdgeConnection:
-    return EdgeConnection(
+def remote(server, **extra) -> Statements:
+    return Statements(
         ExplicitSettings.load(profile="sqld", url=server.http_url, auth_token=server.rw_token, **extra)
     )
 

@@ -21,6 +21,7 @@ import libsql  # noqa: E402
 from harel_edge import retry
 from harel_edge.errors import (
     AuthError,
+    ConfigurationError,
     DamagedDatabaseError,
     DatabaseAccessError,
     NotADatabaseError,
@@ -31,25 +32,27 @@ from harel_edge.settings import EdgeSettings
 
 Rows = list[tuple]
 
-# sqld drops an idle Hrana stream after ~10 s (measured: 11 s); reopening first is cheaper than a
-# failed round trip and a retry (docs/profiles.md, "sqld").
-REMOTE_IDLE_REOPEN = 8.0
 
 
 class EdgeConnection:
-    """One libsql connection and what its profile means for it.
+    """One libsql connection to a file on this machine: a local database or an embedded replica.
 
+    A primary is reached over Hrana (the executors), never through the driver's own remote client.
     Not thread-safe: a transaction belongs to the connection, so sharers serialize their callers.
     """
 
     def __init__(self, settings: EdgeSettings) -> None:
+        if settings.profile == "sqld":
+            raise ConfigurationError(
+                "EdgeConnection opens a local file or an embedded replica's file; a sqld or Turso primary is "
+                "reached over Hrana: use LibsqlTransport, EdgeStore, or harel_edge.loop_thread.Statements"
+            )
         self.settings = settings
         self.profile: str = settings.profile
         self.last_sync_at: float | None = None
         self.last_sync_error: str | None = None
         self._raw: Any = None
         self._closed = False
-        self._used_at = time.monotonic()
         # A replica cannot even be opened while its primary is down, and a
         # worker usually starts with its primary: open under the retry policy, so both may start
         # in any order. Refused credentials and bad paths are permanent and fail at once.
@@ -81,17 +84,13 @@ class EdgeConnection:
 
     @property
     def is_remote(self) -> bool:
-        """True when writes travel to a primary (and so may be ambiguous)."""
-        return self.profile in ("sqld", "replica")
+        """True for an embedded replica, whose writes would travel to its primary."""
+        return self.profile == "replica"
 
     def execute(self, sql: str, params: tuple | list = ()) -> Rows:
         """Run one statement and return every row it produced (RETURNING rows included)."""
-        now = time.monotonic()
         if self._raw is None:
             self._reconnect()
-        elif self.profile == "sqld" and now - self._used_at > REMOTE_IDLE_REOPEN and not self.in_transaction:
-            self.reopen()
-        self._used_at = now
         cursor = self._raw.execute(sql, tuple(params))
         return cursor.fetchall() if cursor.description else []
 
@@ -206,10 +205,6 @@ def _open(settings: EdgeSettings) -> Any:
     token = settings.auth_token.get_secret_value() if settings.auth_token else ""
     base: dict[str, Any] = {"isolation_level": None, "_check_same_thread": False}
     try:
-        if settings.profile == "sqld":
-            conn = libsql.connect(settings.url, auth_token=token, **base)
-            conn.execute("SELECT 1").fetchall()  # connecting is lazy: find a bad URL or token now
-            return conn
         if settings.profile == "replica":
             Path(settings.db_path).expanduser().parent.mkdir(parents=True, exist_ok=True)
             kwargs = dict(base, sync_url=settings.sync_url, auth_token=token)

@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 from harel.spec.states import Event
 
-from harel_edge.connection import EdgeConnection
+from harel_edge.loop_thread import Statements
 from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import wait_until
@@ -168,7 +168,7 @@ def worker_settings(profile: str, server, tmp_path: Path, name: str) -> dict[str
 
 def depth(server) -> int:
     """Messages left on the primary, asked over a connection of its own (raises while it is down)."""
-    conn = EdgeConnection(
+    conn = Statements(
         ExplicitSettings.load(
             profile="sqld", url=server.http_url, auth_token=server.rw_token, retry_attempts=1
         )
@@ -289,7 +289,7 @@ def read(logs: list[Path]) -> list[dict]:
 
 def stuck(server) -> list[tuple]:
     """What is left on the primary, for the failure message: seq, group, lock, seconds to expiry."""
-    conn = EdgeConnection(
+    conn = Statements(
         ExplicitSettings.load(profile="sqld", url=server.http_url, auth_token=server.rw_token)
     )
     try:

@@ -17,9 +17,9 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
+import libsql
 import pytest
 
-from harel_edge.connection import connect as open_connection
 from harel_edge.durable import (
     DatabaseClosedError,
     FencedError,
@@ -441,8 +441,9 @@ def test_the_loop_keeps_ticking_while_a_durable_operation_crosses_a_slow_link(
         else:
             settings = replica(fresh_sqld_primary, tmp_path / "r.db").model_copy(update={"sync_url": proxy.url})
         counts = {}
-        # The driver on a thread, for comparison: it holds the GIL for its round trip.
-        driver = await asyncio.to_thread(open_connection, sqld(fresh_sqld_primary).model_copy(update={"url": proxy.url}))
+        # libsql's own remote client on a thread, for comparison: it holds the GIL for its round trip.
+        token = fresh_sqld_primary.rw_token
+        driver = await asyncio.to_thread(libsql.connect, proxy.url, auth_token=token, isolation_level=None)
         try:
             counts["driver"], _ = await ticks_during(lambda: asyncio.to_thread(driver.execute, "SELECT 1"))
         finally:

@@ -49,6 +49,7 @@ from harel.engine.transport import Lease  # noqa: E402
 
 from harel_edge import retry  # noqa: E402
 from harel_edge.connection import EdgeConnection  # noqa: E402
+from harel_edge.loop_thread import Statements
 from harel_edge.migration import prepare  # noqa: E402
 from harel_edge.queue import LibsqlTransport  # noqa: E402
 from harel_edge.settings import EdgeSettings, ExplicitSettings  # noqa: E402
@@ -97,7 +98,7 @@ class PrimaryLog:
         self.visibility = visibility
         self._messages = Names(settings.prefix).messages
         self._groups = Names(settings.prefix).groups
-        self._conn = EdgeConnection(log_settings(settings))
+        self._conn = Statements(log_settings(settings))
         for statement in log_schema():
             self._conn.execute(statement)
 

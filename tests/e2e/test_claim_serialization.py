@@ -31,7 +31,7 @@ import _workers
 import pytest
 from harel.spec.states import Event
 
-from harel_edge.connection import EdgeConnection
+from harel_edge.loop_thread import Statements
 from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import SqldServer
@@ -94,9 +94,9 @@ def publish_backlog(primary: SqldServer) -> dict[str, tuple[str, int, int, str]]
     return published
 
 
-def remote(primary: SqldServer) -> EdgeConnection:
-    """A remote connection to the primary: the test's view, independent of any worker's replica."""
-    return EdgeConnection(
+def remote(primary: SqldServer) -> Statements:
+    """The primary over Hrana: the test's view, independent of any worker."""
+    return Statements(
         ExplicitSettings.load(profile="sqld", url=primary.http_url, auth_token=primary.rw_token)
     )
 

@@ -1,33 +1,31 @@
-"""The compose deployment, brought up with Debian's docker-compose, does real work and comes down clean.
+"""The compose deployment, brought up with Debian's docker-compose, runs harel_edge's worker on
+the demo's statecharts, completes orders published with the CLI, and comes down clean.
 
 Why: `make up` is how a user first meets harel_edge on a sqld of their own, so the compose
 file, compose/up.sh and compose/down.sh are tested the way a user runs them: a project of its
 own (unique name, free loopback ports, its own keys), a sqld primary and a replica node with
-auth on, three edge workers in containers each with its own embedded replica. Messages are
-published through the replica node (writes forwarded to the primary); the workers drain them
-through their replicas; the log the workers keep on the primary (tests/e2e/_workers.py)
-shows every message processed exactly once, in group order, one at a time per group.
+auth on, three `harel-edge worker` containers each with its own embedded replica, running the
+definitions of harel_edge/examples (the default of HAREL_EDGE_DEFINITIONS_DIR). Orders are
+published with the `harel-edge publish` command, as a user would, and every execution must
+reach its final state on the primary.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import _workers
 import pytest
-from harel.spec.states import Event
+from harel.engine.execution import Status
 
-from harel_edge.connection import EdgeConnection
-from harel_edge.queue import LibsqlTransport, Message
-from harel_edge.schema import SCHEMA_VERSION
+from harel_edge.loop_thread import Statements
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import wait_until
 from harel_edge.testing.fixtures import sqld_unavailable
@@ -39,7 +37,9 @@ REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "compose" / "docker-compose.yml"
 PROJECT_PREFIX = "harel-edge-e2e-"
 WORKERS = 3
-GROUPS, PER_GROUP = 30, 10
+ORDERS = 3
+CLI = REPO / ".venv" / "bin" / "harel-edge"
+EXAMPLES = REPO / "harel_edge" / "examples"
 
 
 @dataclass
@@ -56,8 +56,8 @@ class Deployment:
             env=self.env, capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
 
-    def connect(self, url: str) -> EdgeConnection:
-        return EdgeConnection(ExplicitSettings.load(profile="sqld", url=url, auth_token=self.token))
+    def connect(self, url: str) -> Statements:
+        return Statements(ExplicitSettings.load(profile="sqld", url=url, auth_token=self.token))
 
     def down(self) -> None:
         """compose/down.sh --volumes: idempotent, so the fixture can always call it again."""
@@ -143,75 +143,97 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
         made.down()
 
 
-def test_composed_workers_drain_work_published_through_the_replica_node_once_each_and_down_removes_it_all(
+def _cli(deployment: Deployment, *args: str) -> subprocess.CompletedProcess[str]:
+    """`harel-edge ARGS` on the sqld profile against the composed primary, the token in the environment."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("HAREL_EDGE_")}
+    env.update(
+        HAREL_EDGE_PROFILE="sqld", HAREL_EDGE_URL=deployment.primary_url, HAREL_EDGE_AUTH_TOKEN=deployment.token
+    )
+    return subprocess.run([str(CLI), *args], env=env, capture_output=True, text=True, timeout=120)  # noqa: S603
+
+
+def test_composed_harel_edge_workers_complete_every_order_published_with_the_cli_and_down_removes_it_all(
     deployment: Deployment,
 ) -> None:
-    # Every worker has opened its replica (and upgraded the schema) before work arrives.
-    def workers_ready() -> bool:
+    # Every worker says it started (at the compose file's default log level), its schema in place.
+    def workers_started() -> bool:
         logs = deployment.compose("logs", "--no-color", "edge-worker").stdout
-        return logs.count(" ready") >= WORKERS
+        return logs.count("worker started") >= WORKERS
 
-    wait_until(workers_ready, timeout=120, interval=0.2, what=f"{WORKERS} edge workers reporting ready")
+    wait_until(workers_started, timeout=120, interval=0.2, what=f"{WORKERS} harel-edge workers starting")
 
-    replica_node = deployment.connect(deployment.replica_url)
-    # A replica node forwards writes but prepares them against its own copy: wait until it
-    # has the whole schema the workers made (its version is written last).
-    wait_until(
-        lambda: replica_node.execute("SELECT user_version FROM pragma_user_version")[0][0] >= SCHEMA_VERSION,
-        timeout=30,
-        what="the replica node seeing the transport's whole schema",
-    )
-    publisher = LibsqlTransport(
-        settings=ExplicitSettings.load(
-            profile="sqld", url=deployment.replica_url, auth_token=deployment.token
-        )
-    )
-    published: dict[str, tuple[str, int]] = {}
-    batch = []
-    for index in range(PER_GROUP):
-        for g in range(GROUPS):
-            event = Event(kind="work", data={"index": index})
-            published[event.id] = (f"group-{g:02d}", index)
-            batch.append(Message(f"group-{g:02d}", event, g % 5, None))
-    began = time.monotonic()
-    publisher.publish_many(batch)
-    publisher.close()
+    orders = [f"order-{n:03d}" for n in range(1, ORDERS + 1)]
+    for n, order in enumerate(orders):
+        steps = [
+            ("Start", "{}", ("--create", "order", "--definitions", str(EXAMPLES))),
+            ("Pay", json.dumps({"amount": 10.0 + n}), ()),
+            ("Ship", "{}", ()),
+            ("Deliver", "{}", ()),
+        ]
+        for kind, data, extra in steps:
+            done = _cli(deployment, "publish", order, kind, "--data", data, *extra)
+            assert done.returncode == 0, f"publish {order} {kind} failed:\n{done.stdout}\n{done.stderr}"
 
     primary = deployment.connect(deployment.primary_url)
 
-    def drained() -> bool:
-        ends = primary.execute(f"SELECT count(*) FROM {_workers.LOG_TABLE} WHERE kind = 'end'")[0][0]
-        depth = primary.execute("SELECT count(*) FROM harel_transport_messages")[0][0]
-        return depth == 0 and ends >= len(published)
+    def executions() -> dict[str, tuple[str, str, float]]:
+        rows = primary.execute(
+            "SELECT id, json_extract(data, '$.status'), json_extract(data, '$.active_path'), "
+            "json_extract(data, '$.context.paid') FROM harel_executions"
+        )
+        return {row[0]: (row[1], row[2], row[3]) for row in rows}
 
-    wait_until(drained, timeout=180, interval=0.2, what="the workers draining the queue")
-    elapsed = time.monotonic() - began
-    rows = _workers.read_log(primary)
-    found = _workers.replay_log(rows, published)
-    by_worker: dict[str, int] = {}
-    for row in rows:
-        if row[2] == "start":
-            by_worker[row[1]] = by_worker.get(row[1], 0) + 1
-    print(
-        f"\n{len(published)} messages through {WORKERS} composed workers: published and drained in "
-        f"{elapsed:.2f} s; per worker {by_worker}; {found}"
-    )
+    def completed() -> bool:
+        found = executions()
+        return len(found) == ORDERS and all(status == Status.DONE.value for status, _, _ in found.values())
 
-    assert (found["duplicates"], found["lost"], found["unknown"]) == (0, 0, 0)
-    assert (found["overlaps"], found["unheld"]) == (0, 0)
-    assert found["out_of_order_groups"] == []
-    assert len(by_worker) == WORKERS  # every composed worker took part
-    # The replica node follows the primary: it sees the whole log too.
-    wait_until(
-        lambda: replica_node.execute(f"SELECT count(*) FROM {_workers.LOG_TABLE}")[0][0] == len(rows),
-        timeout=30,
-        what="the replica node catching up with the log",
-    )
-    # The workers' token never reaches their output.
+    wait_until(completed, timeout=180, interval=0.2, what="every order reaching its final state")
+    found = executions()
+    print(f"\n{ORDERS} orders through {WORKERS} composed harel-edge workers: {found}")
+    assert sorted(found) == orders
+    for n, order in enumerate(orders):
+        status, active, paid = found[order]
+        assert "Delivered" in str(active), found[order]
+        assert paid == 10.0 + n
+    assert primary.execute("SELECT count(*) FROM harel_transport_messages")[0][0] == 0
     logs = deployment.compose("logs", "--no-color").stdout
+    assert "Traceback" not in logs
+    # The workers' token never reaches their output.
     assert deployment.token not in logs
     primary.close()
-    replica_node.close()
 
     deployment.down()
     assert deployment.leftovers() == []
+
+
+def test_up_refuses_a_definitions_directory_without_statecharts_before_starting_anything(tmp_path: Path) -> None:
+    empty = tmp_path / "definitions"
+    empty.mkdir()
+    env = {**os.environ, "HAREL_EDGE_DEFINITIONS_DIR": str(empty), "HAREL_EDGE_KEYS_DIR": str(tmp_path / "keys")}
+    done = subprocess.run(
+        ["bash", str(REPO / "compose" / "up.sh")], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert "holds no .stm file" in done.stderr
+    assert not (tmp_path / "keys").exists()  # nothing was made, nothing started
+
+
+def test_the_compose_file_mounts_the_users_definitions_directory_when_one_is_named(tmp_path: Path) -> None:
+    if shutil.which("docker-compose") is None:
+        pytest.skip("docker-compose is not installed")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    base = {key: value for key, value in os.environ.items() if not key.startswith("HAREL_EDGE_")}
+
+    def rendered(**env: str) -> str:
+        done = subprocess.run(  # noqa: S603
+            ["docker-compose", "--file", str(COMPOSE_FILE), "config"],
+            env={**base, "HAREL_EDGE_KEYS_DIR": str(tmp_path / "keys"), **env},
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert f"{mine}:/opt/harel-edge/definitions:ro" in rendered(HAREL_EDGE_DEFINITIONS_DIR=str(mine))
+    assert f"{EXAMPLES}:/opt/harel-edge/definitions:ro" in rendered()
+    assert "_workers.py" not in rendered()

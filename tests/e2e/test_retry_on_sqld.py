@@ -11,6 +11,7 @@ from harel.spec.states import Event
 from harel_edge import retry
 from harel_edge.connection import EdgeConnection
 from harel_edge.errors import AuthError
+from harel_edge.loop_thread import Statements
 from harel_edge.queue import LibsqlTransport
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import wait_until
@@ -44,46 +45,34 @@ def remote_settings(server, **overrides):
 
 def test_errors_from_a_real_sqld_are_classified_as_their_texts_say(fresh_sqld_primary, tmp_path):
     server = fresh_sqld_primary
-    remote = EdgeConnection(remote_settings(server))
+    remote = Statements(remote_settings(server))
     remote.execute("CREATE TABLE t (v INTEGER UNIQUE)")
     remote.execute("INSERT INTO t VALUES (1)")
     replica = EdgeConnection(replica_settings(server, tmp_path / "r.db"))
-    read_only = EdgeConnection(remote_settings(server, auth_token=server.ro_token))
-    read_only_replica = EdgeConnection(
-        replica_settings(server, tmp_path / "ro.db", auth_token=server.ro_token)
-    )
+    read_only = Statements(remote_settings(server, auth_token=server.ro_token))
 
     def error_of(conn, sql):
-        with pytest.raises(ValueError) as caught:
+        with pytest.raises(Exception) as caught:  # noqa: PT011 - what it is, is the question
             conn.execute(sql)
         return caught.value
 
     permanent = {
         "remote unique": error_of(remote, "INSERT INTO t VALUES (1)"),
-        "replica unique": error_of(replica, "INSERT INTO t VALUES (1)"),
         "remote syntax": error_of(remote, "SELEC 1"),
         "replica syntax": error_of(replica, "SELEC 1"),
-        "replica write to a missing table": error_of(replica, "INSERT INTO nosuch VALUES (1)"),
+        "replica read of a missing table": error_of(replica, "SELECT * FROM nosuch"),
         "remote read-only write": error_of(read_only, "INSERT INTO t VALUES (2)"),
-        "replica read-only write": error_of(read_only_replica, "INSERT INTO t VALUES (2)"),
     }
     for name, exc in permanent.items():
         assert not retry.is_transient(exc), f"{name}: {exc}"
+    assert isinstance(permanent["remote read-only write"], AuthError)
 
     server.kill()
-    down = {
-        "remote, primary killed": error_of(remote, "SELECT 1"),
-        "replica write, primary killed": error_of(replica, "INSERT INTO t VALUES (3)"),
-    }
+    down = error_of(remote, "SELECT 1")
+    assert retry.is_transient(down), f"remote, primary killed: {down}"
     server.restart()
-    down["remote, primary restarted"] = error_of(remote, "SELECT 1")
-    for name, exc in down.items():
-        assert retry.is_transient(exc), f"{name}: {exc}"
-    assert retry.needs_reopen(down["remote, primary restarted"])
-    assert replica.execute("INSERT INTO t VALUES (3) RETURNING v") == [(3,)], (
-        "a replica works again by itself"
-    )
-    for conn in (remote, replica, read_only, read_only_replica):
+    assert remote.execute("SELECT v FROM t") == [(1,)], "the next request after a restart works by itself"
+    for conn in (remote, replica, read_only):
         conn.close()
 
 

@@ -25,7 +25,7 @@ import pytest
 from harel.engine.transport import LibsqlTransport as Harel09LibsqlTransport
 from harel.spec.states import Event
 
-from harel_edge.connection import EdgeConnection
+from harel_edge.loop_thread import Statements
 from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.schema import SCHEMA_VERSION
 from harel_edge.settings import ExplicitSettings
@@ -42,8 +42,8 @@ WORKERS = [
 ]
 
 
-def remote(primary: SqldServer) -> EdgeConnection:
-    return EdgeConnection(
+def remote(primary: SqldServer) -> Statements:
+    return Statements(
         ExplicitSettings.load(profile="sqld", url=primary.http_url, auth_token=primary.rw_token)
     )
 
