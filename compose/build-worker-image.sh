@@ -7,7 +7,7 @@
 # the venv's installed distributions, every shared library `ldd` lists for the interpreter and
 # each extension module, the loader and the CA bundle (for libsql:// URLs over TLS).
 #
-# What it leaves out on purpose: harel_edge itself and the worker script. docker-compose.yml
+# What it leaves out on purpose: harel_edge itself and the definitions. docker-compose.yml
 # mounts them read-only from the checkout, so the containers always run the code of the tree
 # (the venv only links to it, editable), and the image changes only when the interpreter or the
 # dependencies do. It is labelled with a hash of those and rebuilt only when the hash changes.
@@ -58,7 +58,7 @@ say "interpreter $real, stdlib $stdlib, packages $purelib"
 
 rm -rf "$context"
 root=$context/rootfs
-mkdir -p "$root/tmp" "$root/etc/ssl/certs" "$root/opt/harel-edge/src" "$root/opt/harel-edge/worker" \
+mkdir -p "$root/tmp" "$root/etc/ssl/certs" "$root/opt/harel-edge/src" "$root/opt/harel-edge/definitions" \
     "$root/var/lib/harel-edge"
 chmod 1777 "$root/tmp"
 cp -L /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/"
@@ -99,7 +99,7 @@ ENV PYTHONPATH=/opt/harel-edge/src:/opt/harel-edge/site-packages \\
     SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 WORKDIR /var/lib/harel-edge
 ENTRYPOINT ["$base/bin/python3"]
-CMD ["/opt/harel-edge/worker/_workers.py"]
+CMD ["-m", "harel_edge.cli", "worker", "--definitions", "/opt/harel-edge/definitions"]
 DOCKERFILE
 say "building $image from a $(du -sh "$context" | cut -f1) context"
 docker build --quiet --tag "$image" "$context" >/dev/null

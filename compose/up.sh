@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Bring the composed deployment up: sqld primary + replica node (auth on) and N edge workers.
+# Bring the composed deployment up: sqld primary + replica node (auth on) and N edge workers,
+# each running `harel-edge worker` on the demo's statecharts or on a directory of your own.
 #
 # Why a script rather than a bare `docker-compose up`: the primary needs its JWT public key on
 # disk and the workers a token before anything starts, the worker image has to exist, and the
@@ -10,6 +11,9 @@
 # Env (all optional):
 #   COMPOSE_PROJECT_NAME     compose project (default harel-edge)
 #   HAREL_EDGE_WORKERS       number of edge workers (default 3)
+#   HAREL_EDGE_DEFINITIONS_DIR  the directory of .stm statecharts the workers run (and the Python
+#                            modules their `bind` blocks name); default <repo>/harel_edge/examples
+#   HAREL_EDGE_WORKER_LOG_LEVEL  the workers' --log-level (default info)
 #   HAREL_EDGE_KEYS_DIR      keys and tokens, made by sqld/make-keys.py (default <repo>/.cache/compose/keys)
 #   HAREL_EDGE_AUTH_TOKEN    the workers' token (default: the read-write token in the keys dir)
 #   SQLD_PRIMARY_HTTP_PORT, SQLD_PRIMARY_GRPC_PORT, SQLD_REPLICA_HTTP_PORT (8080, 5001, 8081)
@@ -26,6 +30,19 @@ workers=${HAREL_EDGE_WORKERS:-3}
 timeout=${UP_TIMEOUT:-60}
 compose=(docker-compose --file "$here/docker-compose.yml" --project-name "$COMPOSE_PROJECT_NAME")
 say() { echo "up: $*" >&2; }
+
+# The workers' statecharts: checked here, so a typo fails now rather than in N restarting containers.
+definitions=${HAREL_EDGE_DEFINITIONS_DIR:-$repo/harel_edge/examples}
+if [ ! -d "$definitions" ]; then
+    say "HAREL_EDGE_DEFINITIONS_DIR=$definitions is not a directory: name the directory of .stm files the workers should run"
+    exit 2
+fi
+HAREL_EDGE_DEFINITIONS_DIR=$(cd "$definitions" && pwd)
+export HAREL_EDGE_DEFINITIONS_DIR
+if ! compgen -G "$HAREL_EDGE_DEFINITIONS_DIR/*.stm" >/dev/null; then
+    say "HAREL_EDGE_DEFINITIONS_DIR=$HAREL_EDGE_DEFINITIONS_DIR holds no .stm file: put the workers' statecharts there"
+    exit 2
+fi
 
 # Keys: an existing key pair is reused, so tokens handed out before stay valid.
 "$python" "$repo/sqld/make-keys.py" --out-dir "$HAREL_EDGE_KEYS_DIR" 2>/dev/null
@@ -57,4 +74,5 @@ wait_healthy sqld-replica "${SQLD_REPLICA_HTTP_PORT:-8081}"
 "${compose[@]}" up --detach --remove-orphans --scale edge-worker="$workers" edge-worker
 say "project $COMPOSE_PROJECT_NAME: primary http://127.0.0.1:${SQLD_PRIMARY_HTTP_PORT:-8080}," \
     "replica node http://127.0.0.1:${SQLD_REPLICA_HTTP_PORT:-8081}, $workers edge workers" \
+    "running $HAREL_EDGE_DEFINITIONS_DIR" \
     "(token: $HAREL_EDGE_KEYS_DIR/token-rw)"

@@ -1,10 +1,9 @@
-"""Edge worker processes for the end-to-end tests, and a small worker for the compose files.
+"""Edge worker processes for the end-to-end tests (the compose files run `harel-edge worker`).
 
 Why a module of its own: worker processes are started with the 'spawn' method (a libsql
 connection must not cross a fork), so what they run has to be importable by name in a fresh
-interpreter; the same loop also runs as a plain host process (`python tests/e2e/_workers.py`)
-next to the composed sqld, configured by HAREL_EDGE_* variables only, until
-`harel_edge.worker` exists.
+interpreter; the same loop also runs as a plain host process (`python tests/e2e/_workers.py`),
+configured by HAREL_EDGE_* variables only.
 
 The loop is the simplest honest worker: claim, process, ack, through
 `harel_edge.LibsqlTransport` on whatever profile the settings describe.
