@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit, urlunsplit
 
-# The schemes libsql.connect accepts for a server. `libsql://` is Turso's (TLS); `http://` is a
-# self-hosted sqld's Hrana-over-HTTP port.
-SERVER_SCHEMES = ("http", "https", "libsql")  # what the libsql driver opens (ws:// and wss:// it takes for a file)
+# The schemes the Hrana-over-HTTP executor speaks to (and a replica's sync URL takes). `libsql://`
+# is Turso's (TLS); `http://` is a self-hosted sqld's HTTP port.
+SERVER_SCHEMES = ("http", "https", "libsql")
 WEBSOCKET_SCHEMES = {"ws": "http", "wss": "https"}
 
 
@@ -17,12 +17,12 @@ def is_url(value: str) -> bool:
 
 
 def check_server_url(variable: str, url: str) -> None:
-    """Refuse, naming `variable`, a URL that names no server the libsql driver can open."""
+    """Refuse, naming `variable`, a URL that names no server harel_edge can speak Hrana over HTTP to."""
     parts = urlsplit(url)
     if parts.scheme in WEBSOCKET_SCHEMES:
         same = urlunsplit((WEBSOCKET_SCHEMES[parts.scheme], *parts[1:]))
         raise ValueError(
-            f"{variable}={url!r} is a WebSocket URL, which the libsql driver cannot open (every command "
+            f"{variable}={url!r} is a WebSocket URL; harel_edge speaks Hrana over HTTP (every command "
             f"would fail): set {variable}={same} for the same server"
         )
     if parts.scheme not in SERVER_SCHEMES or not parts.hostname:
