@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -18,6 +19,7 @@ from harel.spec.states import Event
 from harel_edge.access import check_writable
 from harel_edge.errors import ConfigurationError
 from harel_edge.queue import LibsqlTransport, Message
+from harel_edge.queue.statements import BATCH_ROWS
 from harel_edge.schema import EdgeNames
 from harel_edge.settings import EdgeSettings
 from harel_edge.store import EdgeStore
@@ -101,16 +103,21 @@ def _machine(name: str, definitions: str | None, data: dict[str, Any]) -> Defini
         )
     from harel_edge.worker import load_definitions  # noqa: PLC0415 - imports harel's DSL parser
 
-    machines = load_definitions(definitions)
+    return _checked_machine(load_definitions(definitions), name, definitions, data, flag="--create ")
+
+
+def _checked_machine(
+    machines: dict[str, Definition], name: str, definitions: str, data: dict[str, Any], *, flag: str = ""
+) -> Definition:
     if name not in machines:
         raise ConfigurationError(
-            f"--create {name}: no machine of that name in {definitions} (it has {', '.join(sorted(machines))})"
+            f"{flag}{name}: no machine of that name in {definitions} (it has {', '.join(sorted(machines))})"
         )
     machine = machines[name]
     try:
         check_context(machine.context_schema, {**with_defaults(machine.context_schema, {}), **data})
     except ContextError as exc:
-        raise ConfigurationError(f"--data does not start machine {name}: {exc}") from None
+        raise ConfigurationError(f"{'--data' if flag else 'data'} does not start machine {name}: {exc}") from None
     return machine
 
 
@@ -144,12 +151,140 @@ def _record(transport: LibsqlTransport, settings: EdgeSettings, request: Publish
     return tuple(rows[0]) if rows else None
 
 
-def create_execution(store: EdgeStore, execution_id: str, machine: Definition, priority: int) -> None:
+def create_execution(store: EdgeStore, execution_id: str, machine: Definition, priority: int) -> bool:
     """A PENDING execution for the worker to start when it claims the Start, made as harel's own
-    `create(start_on_create=False)` makes it (context defaults, stamps); an existing one is left."""
-    if store.load(execution_id) is None:
-        context = with_defaults(machine.context_schema, {})
-        execution = Execution(id=execution_id, definition_id=machine.id, priority=priority, context=context)
-        stamp(execution, time.time())
-        store.save(execution)
+    `create(start_on_create=False)` makes it (context defaults, stamps); an existing one is left.
+    True if it was created."""
+    if store.load(execution_id) is not None:
+        return False
+    context = with_defaults(machine.context_schema, {})
+    execution = Execution(id=execution_id, definition_id=machine.id, priority=priority, context=context)
+    stamp(execution, time.time())
+    store.save(execution)
+    return True
 
+
+
+# ---- many events: `publish --from FILE` ----------------------------------------------------------
+
+LINE_FIELDS = ("group", "kind", "data", "priority", "routing_key", "id", "create")
+
+
+@dataclass(frozen=True)
+class BulkPublished:
+    """What `publish_bulk` sent: the lines read, the batches (one unit of work each), the
+    executions it created."""
+
+    events: int
+    batches: int
+    created: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"events": self.events, "batches": self.batches, "created": self.created}
+
+
+def read_lines(lines: Iterable[str], source: str, *, definitions: str | None = None) -> list[PublishRequest]:
+    """Every event of an NDJSON text, one JSON object a line (blank lines skipped), checked in
+    full before anything is sent: the first bad line raises ConfigurationError with its number.
+
+    Each object has "group" and "kind", and may have "data" (an object), "priority" (0 to 4),
+    "routing_key", "id" (the dedupe key: give one to make a second run safe) and "create" (a
+    machine of `definitions`: a Start that creates execution `group` first)."""
+    machines: dict[str, Definition] | None = None
+    requests: list[PublishRequest] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{source}, line {number}"
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigurationError(f"{where}: not JSON ({exc.msg} at character {exc.pos}); nothing was sent") from None
+        if not isinstance(item, dict):
+            raise ConfigurationError(f'{where}: a line must be a JSON object, e.g. {{"group": "order-1", "kind": "Pay"}}; nothing was sent')
+        unknown = sorted(set(item) - set(LINE_FIELDS))
+        if unknown:
+            raise ConfigurationError(
+                f"{where}: unknown field {', '.join(map(repr, unknown))} (a line may have {', '.join(LINE_FIELDS)}); nothing was sent"
+            )
+        problem = _line_problem(item)
+        if problem:
+            raise ConfigurationError(f"{where}: {problem}; nothing was sent")
+        data = item.get("data") or {}
+        machine = None
+        if item.get("create") is not None:
+            if item["kind"] != "Start":
+                raise ConfigurationError(f"{where}: \"create\" starts an execution: kind must be Start; nothing was sent")
+            if definitions is None:
+                raise ConfigurationError(
+                    f"{where}: \"create\" needs the machines' definitions: add --definitions DIR; nothing was sent"
+                )
+            if machines is None:
+                from harel_edge.worker import load_definitions  # noqa: PLC0415 - imports harel's DSL parser
+
+                machines = load_definitions(definitions)
+            try:
+                machine = _checked_machine(machines, item["create"], definitions, data)
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"{where}: {exc}; nothing was sent") from None
+        requests.append(
+            PublishRequest(
+                item["group"], item["kind"], data, int(item.get("priority") or 0), item.get("routing_key"), item.get("id"), machine
+            )
+        )
+    if not requests:
+        raise ConfigurationError(f"{source} holds no event (one JSON object a line); nothing was sent")
+    return requests
+
+
+def _line_problem(item: dict[str, Any]) -> str | None:
+    for name in ("group", "kind"):
+        if not isinstance(item.get(name), str) or not item[name]:
+            return f'"{name}" must be a non-empty string'
+    if item.get("data") is not None and not isinstance(item["data"], dict):
+        return '"data" must be a JSON object'
+    priority = item.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 4):
+        return '"priority" must be an integer from 0 to 4'
+    for name in ("routing_key", "id", "create"):
+        if item.get(name) is not None and (not isinstance(item[name], str) or not item[name]):
+            return f'"{name}" must be a non-empty string (or absent)'
+    return None
+
+
+def publish_bulk(
+    settings: EdgeSettings,
+    requests: Sequence[PublishRequest],
+    *,
+    on_batch: Callable[[int], None] | None = None,
+) -> BulkPublished:
+    """Publish `requests` in order, BATCH_ROWS to a unit of work (one statement; one Hrana
+    request on a remote primary), after `check_writable`. An event id its group had within
+    HAREL_EDGE_PUBLISH_WINDOW is not queued again, so a run that failed half-way can be run
+    again as it is, if every line has an id. `on_batch(n)` is told after each batch lands."""
+    now = datetime.now(UTC)
+    messages = [
+        Message(
+            r.group,
+            Event(kind=r.kind, data=r.data, created_time=now, **({"id": r.event_id} if r.event_id else {})),
+            r.priority,
+            r.routing_key,
+        )
+        for r in requests
+    ]
+    check_writable(settings)
+    created = 0
+    batches = 0
+    with LibsqlTransport(settings=settings) as transport:
+        starting = [r for r in requests if r.create is not None]
+        if starting:
+            with EdgeStore(settings) as store:
+                for r in starting:
+                    created += create_execution(store, r.group, r.create, r.priority)  # type: ignore[arg-type]
+        for i in range(0, len(messages), BATCH_ROWS):
+            chunk = messages[i : i + BATCH_ROWS]
+            transport.publish_many(chunk)
+            batches += 1
+            if on_batch is not None:
+                on_batch(len(chunk))
+    return BulkPublished(len(messages), batches, created)

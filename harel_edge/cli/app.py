@@ -122,6 +122,11 @@ def main(
     )
 
 
+def plural(count: int, one: str, many: str | None = None) -> str:
+    """'1 message', '2 messages'."""
+    return f"{count} {one if count == 1 else (many or one + 's')}"
+
+
 # ---- errors --------------------------------------------------------------------------------------
 
 
