@@ -5,8 +5,11 @@ They skip when sqld cannot start, or fail with `HAREL_EDGE_REQUIRE_SQLD=1` (docs
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
@@ -28,6 +31,32 @@ def sqld_unavailable(reason: str) -> NoReturn:
     if sqld_required():
         pytest.fail(f"sqld is required ({REQUIRE_ENV}=1) but cannot start: {reason}", pytrace=False)
     pytest.skip(f"sqld cannot start: {reason}")
+
+
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """A directory that `build` filled once for the whole test run: under pytest-xdist, the first
+    worker to ask builds it while the others wait on a lock, then all share it; alone, a new one.
+
+    For data a test only reads (or changes inside a transaction it rolls back) that takes seconds
+    to make, which each worker would otherwise make again.
+    """
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        root = tmp_path_factory.mktemp(name)
+        build(root)
+        return root
+    shared = tmp_path_factory.getbasetemp().parent  # every worker's basetemp is one level down
+    root, done = shared / name, shared / f"{name}.done"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not done.exists():
+                shutil.rmtree(root, ignore_errors=True)  # what a failed build left
+                root.mkdir()
+                build(root)
+                done.touch()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return root
 
 
 def _start(starter: Callable[..., SqldServer], *args: Any, **kwargs: Any) -> SqldServer:

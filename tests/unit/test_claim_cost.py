@@ -18,6 +18,7 @@ from harel.spec.states import Event
 from harel_edge import LibsqlTransport, Message
 from harel_edge.queue.statements import ack_many_statement, claim_params, claim_sql
 from harel_edge.schema import EdgeNames
+from harel_edge.testing.fixtures import built_once
 
 KEYS = ("eu", "us", "ap", "af")
 SMALL, LARGE = 1_000, 16_000
@@ -85,11 +86,16 @@ def work(path: str, keys: tuple[str, ...], floor: int) -> int:
 
 @pytest.fixture(scope="module")
 def queues(tmp_path_factory):
-    made = {}
-    for in_flight in (False, True):
-        for groups in (SMALL, LARGE):
-            made[(groups, in_flight)] = queue(tmp_path_factory.mktemp("q") / "q.db", groups, in_flight)
-    return made
+    # They take seconds to build: built once for the whole run, whichever pytest-xdist worker comes
+    # first (the tests only read them, or roll back what they write).
+    shapes = [(groups, in_flight) for in_flight in (False, True) for groups in (SMALL, LARGE)]
+
+    def build(root):
+        for groups, in_flight in shapes:
+            queue(root / f"q-{groups}-{int(in_flight)}.db", groups, in_flight)
+
+    root = built_once(tmp_path_factory, "claim-cost-queues", build)
+    return {(groups, in_flight): str(root / f"q-{groups}-{int(in_flight)}.db") for groups, in_flight in shapes}
 
 
 @pytest.mark.parametrize("in_flight", [False, True], ids=["all waiting", "half in flight"])
