@@ -67,6 +67,12 @@ class SyncFace:
             raise
         return self._core
 
+    def _start_beside(self, owner: SyncFace, opener: Coroutine[Any, Any, Any]) -> Any:
+        """Open this face's core on `owner`'s loop thread, to share its executor and leases."""
+        self._loop, self._owner = owner._loop, owner  # the owner's loop lives while this face does
+        self._core = self._loop.call(opener)
+        return self._core
+
     @property
     def core(self) -> Any:
         """The async object this face runs, for code that mixes sync and async callers."""

@@ -3,7 +3,7 @@ for sync code (harel's sync worker, the CLI's publish, seeding, a user's script)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harel.engine.execution import Execution
 from harel.engine.schema import Names, store_schema
@@ -14,6 +14,9 @@ from harel_edge.loop_thread import SyncFace
 from harel_edge.queue.leases import EventPath
 from harel_edge.settings import EdgeSettings
 from harel_edge.store.core import EventStore
+
+if TYPE_CHECKING:
+    from harel_edge.queue.faces import LibsqlTransport
 
 _TABLE_EXISTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
 
@@ -48,6 +51,13 @@ async def _open(settings: EdgeSettings, create_schema: bool) -> _OwnedStore:
     return store
 
 
+async def _beside(path: EventPath, create_schema: bool) -> EventStore:
+    store = EventStore(path)  # its close leaves the executor to the transport that owns it
+    if create_schema:
+        await path.run("store.schema", lambda: _create_tables(store, path.settings.prefix))
+    return store
+
+
 async def _create_tables(store: EventStore, prefix: str) -> None:
     for statement in store_tables(prefix):
         await store.path.execute(statement)
@@ -57,9 +67,20 @@ class EdgeStore(SyncFace):
     """harel's `ExecutionStore` for sync callers: one SQL and retry policy for sync and async,
     on the profile's executor; safe to share between threads."""
 
-    def __init__(self, settings: EdgeSettings | None = None, *, create_schema: bool = True) -> None:
+    def __init__(
+        self, settings: EdgeSettings | None = None, *, create_schema: bool = True, transport: LibsqlTransport | None = None
+    ) -> None:
+        """With `transport`, the store shares that transport's core: one executor, its claims
+        bring each message's execution and the commit carries the message's ack (two round
+        trips an event instead of four); the transport owns the connections and closes them."""
+        if transport is not None:
+            self.settings = transport.settings
+            core = transport.core
+            core.prefetch, core.concurrency = True, 1  # the execution with each claim, one lease at a time
+            self._core: EventStore = self._start_beside(transport, _beside(core.path, create_schema))
+            return
         self.settings = settings or EdgeSettings.load()
-        self._core: EventStore = self._start("harel-edge-store", _open(self.settings, create_schema))
+        self._core = self._start("harel-edge-store", _open(self.settings, create_schema))
 
     def __repr__(self) -> str:  # never the token
         return f"<EdgeStore prefix={self.settings.prefix} profile={self.settings.profile}>"

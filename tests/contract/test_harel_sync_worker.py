@@ -54,9 +54,18 @@ def seed(settings) -> None:
         )
 
 
+def faces(settings, paired: bool) -> tuple[EdgeStore, LibsqlTransport]:
+    """A worker's store and transport: apart (an executor each), or the store on the transport's
+    core (its claims bring the execution, the commit carries the ack)."""
+    transport = LibsqlTransport(settings=settings)
+    store = EdgeStore(transport=transport, create_schema=False) if paired else EdgeStore(settings, create_schema=False)
+    return store, transport
+
+
+@pytest.mark.parametrize("paired", [False, True], ids=["faces apart", "store on the transport's core"])
 @pytest.mark.parametrize("execution", ["background", "inline"])
 def test_harels_sync_worker_on_the_sync_faces_delivers_every_order_applying_each_event_once(
-    edge, monkeypatch, execution
+    edge, monkeypatch, execution, paired
 ):
     packed: list[float] = []
     real_pack = actions.pack
@@ -80,7 +89,8 @@ def test_harels_sync_worker_on_the_sync_faces_delivers_every_order_applying_each
 
     def work(name: str, mine) -> None:  # noqa: ANN001
         try:
-            with EdgeStore(mine, create_schema=False) as store, LibsqlTransport(settings=mine) as transport:
+            store, transport = faces(mine, paired)
+            with transport, store:
                 worker = Worker(store, transport, definitions, worker_id=name, execution=execution)
                 count = 0
                 while not stop.is_set():
