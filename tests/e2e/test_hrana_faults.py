@@ -40,6 +40,9 @@ pytestmark = pytest.mark.sqld
 FACES = ["core", "sync"]
 PROFILES = ["sqld", "replica"]
 _prefixes = itertools.count()
+# For the single-lease operations: a status, a garbled body and a cut one. A connection dropped
+# before any answer ("closed after") is tried on the commit, claim_many and publish.
+LOST = ["500 after", "garbage after", "truncated after"]
 
 
 @pytest.fixture
@@ -151,7 +154,7 @@ def test_a_claim_many_whose_answer_was_lost_returns_the_leases_it_took(faced, fa
     assert transport.depth() == 0
 
 
-@pytest.mark.parametrize("fault", AMBIGUOUS)
+@pytest.mark.parametrize("fault", LOST)
 def test_a_claim_whose_answer_was_lost_returns_the_lease_it_took(faced, fault):
     relay, transport, _store = faced
     transport.publish("a", Event(kind="a1"))
@@ -178,7 +181,7 @@ def test_a_publish_whose_answer_was_lost_is_queued_once(faced, fault):
     assert kinds == ["a1", "b1", "c1"], "the heads of three groups, each message once"
 
 
-@pytest.mark.parametrize("fault", AMBIGUOUS)
+@pytest.mark.parametrize("fault", LOST)
 def test_an_ack_whose_answer_was_lost_reports_true_once(faced, fault):
     relay, transport, _store = faced
     transport.publish("a", Event(kind="a1"))
@@ -196,7 +199,7 @@ def test_an_ack_whose_answer_was_lost_reports_true_once(faced, fault):
     assert transport.depth() == 0
 
 
-@pytest.mark.parametrize("fault", AMBIGUOUS)
+@pytest.mark.parametrize("fault", LOST)
 def test_a_nack_whose_answer_was_lost_gives_the_message_back_once(faced, fault):
     relay, transport, _store = faced
     transport.publish("a", Event(kind="a1"))
