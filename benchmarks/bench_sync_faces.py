@@ -6,8 +6,9 @@
     first step to the queue empty, on a local file, on the sqld profile and on the replica profile
     (a real sqld on loopback, no added delay); each remote rate as a ratio of the local one.
     Rounds interleave the profiles; medians. A peer row: the same worker on harel 0.9's own
-    `LibsqlStore` + `LibsqlTransport` on a local file. (`background` adapts the sync store for
-    harel's async worker without its `load_for_event`: five calls an event; `inline`: four.)
+    `LibsqlStore` + `LibsqlTransport` on a local file (its ratio is to the faces apart). The faces
+    apart (`EdgeStore(settings)`, an executor each) and paired (`EdgeStore(transport=t)`: the
+    store on the transport's core, its claims bring the execution, its commit carries the ack).
 (b) three spawned replica processes drain `--messages` messages (`bench_replica_drain.py`):
     harel 0.9's `LibsqlTransport` against the sync `LibsqlTransport`, the same claim + ack loop,
     and the sync face with `claim_many` + `ack_many`; work span, ratios to harel's.
@@ -48,6 +49,7 @@ from harel_edge.worker import load_definitions  # noqa: E402
 EXAMPLES = Path(__file__).resolve().parents[1] / "harel_edge" / "examples"
 STEPS = (("Start", {}), ("Pay", {"amount": 1.0}), ("Ship", {}), ("Deliver", {}))
 PROFILES = ("local", "sqld", "replica")
+PAIRINGS = ("apart", "paired")
 
 
 # ---- (a) harel's sync Worker on the sync faces ------------------------------------------------
@@ -69,9 +71,12 @@ def drain_worker(store, transport, definitions, count_done, execution: str) -> t
     return time.perf_counter() - start, events, count_done()
 
 
-def edge_worker(settings, orders: int, definitions, execution: str) -> tuple[float, int, int]:  # noqa: ANN001
+def edge_worker(settings, orders: int, definitions, execution: str, paired: bool) -> tuple[float, int, int]:  # noqa: ANN001
+    """`paired`: the store on the transport's core (`EdgeStore(transport=...)`), else apart."""
     executions, events = orders_and_events(orders)
-    with EdgeStore(settings) as store, LibsqlTransport(settings=settings) as transport:
+    with LibsqlTransport(settings=settings) as transport, (
+        EdgeStore(transport=transport) if paired else EdgeStore(settings)
+    ) as store:
         for exe in executions:
             store.save(exe)
         transport.publish_many(events)
@@ -97,21 +102,23 @@ def harel_worker(path: str, orders: int, definitions, execution: str) -> tuple[f
 
 
 def measure_worker(server, tmp: Path, orders: int, rounds: int, modes: list[str]) -> dict[tuple[str, str], list]:  # noqa: ANN001
-    """Each (execution mode, profile)'s (seconds, events, orders done) per round."""
+    """Each (execution mode, faces and profile)'s (seconds, events, orders done) per round."""
     definitions = load_definitions(str(EXAMPLES))
     results: dict[tuple[str, str], list] = {}
     for r in range(rounds):
         for mode in modes:
-            for profile in PROFILES:
-                values = {"profile": profile, "prefix": f"w{r}_{mode}_{profile}", "worker_id": "bench"}
-                if profile == "local":
-                    values["db_path"] = str(tmp / f"worker-{r}-{mode}.db")
-                elif profile == "sqld":
-                    values.update(url=server.http_url, auth_token=server.rw_token)
-                else:
-                    values.update(sync_url=server.http_url, auth_token=server.rw_token, db_path=str(tmp / f"replica-{r}-{mode}.db"))
-                row = edge_worker(ExplicitSettings.load(**values), orders, definitions, mode)
-                results.setdefault((mode, profile), []).append(row)
+            for pairing in PAIRINGS:
+                for profile in PROFILES:
+                    name = f"{pairing}-{r}-{mode}-{profile}"
+                    values = {"profile": profile, "prefix": name.replace("-", "_"), "worker_id": "bench"}
+                    if profile == "local":
+                        values["db_path"] = str(tmp / f"worker-{name}.db")
+                    elif profile == "sqld":
+                        values.update(url=server.http_url, auth_token=server.rw_token)
+                    else:
+                        values.update(sync_url=server.http_url, auth_token=server.rw_token, db_path=str(tmp / f"{name}.db"))
+                    row = edge_worker(ExplicitSettings.load(**values), orders, definitions, mode, pairing == "paired")
+                    results.setdefault((mode, f"{pairing} {profile}"), []).append(row)
             row = harel_worker(str(tmp / f"harel-worker-{r}-{mode}.db"), orders, definitions, mode)
             results.setdefault((mode, "harel-local"), []).append(row)
     return results
@@ -119,22 +126,21 @@ def measure_worker(server, tmp: Path, orders: int, rounds: int, modes: list[str]
 
 def worker_table(results: dict[tuple[str, str], list], orders: int, modes: list[str]) -> list[str]:
     rate = {key: statistics.median(events / seconds for seconds, events, _ in rows) for key, rows in results.items()}
-    names = {
-        "local": "harel_edge sync faces, local file",
-        "sqld": "harel_edge sync faces, sqld profile (loopback)",
-        "replica": "harel_edge sync faces, replica profile (loopback)",
-        "harel-local": "harel 0.9 LibsqlStore + LibsqlTransport, local file",
-    }
+    where = {"local": "local file", "sqld": "sqld profile (loopback)", "replica": "replica profile (loopback)"}
+    names = {"harel-local": "harel 0.9 LibsqlStore + LibsqlTransport, local file"}
+    for profile, place in where.items():
+        names[f"apart {profile}"] = f"harel_edge faces apart, {place}"
+        names[f"paired {profile}"] = f"harel_edge store on the transport's core, {place}"
     lines = [
-        "| execution | store and transport | events/s | vs the faces on a local file | every order delivered |",
+        "| execution | store and transport | events/s | vs the same faces on a local file | every order delivered |",
         "| --- | --- | ---: | ---: | --- |",
     ]
     for mode in modes:
-        for name in ("local", "sqld", "replica", "harel-local"):
+        for name in [f"{pairing} {profile}" for pairing in PAIRINGS for profile in PROFILES] + ["harel-local"]:
             key = (mode, name)
             delivered = all(done == orders and events == orders * len(STEPS) for _, events, done in results[key])
-            ratio = rate[key] / rate[(mode, "local")]
-            lines.append(f"| {mode} | {names[name]} | {rate[key]:,.0f} | {ratio:.2f}x | {'yes' if delivered else 'NO'} |")
+            base = rate[(mode, f"{name.split()[0]} local")] if name != "harel-local" else rate[(mode, "apart local")]
+            lines.append(f"| {mode} | {names[name]} | {rate[key]:,.0f} | {rate[key] / base:.2f}x | {'yes' if delivered else 'NO'} |")
     return lines
 
 
