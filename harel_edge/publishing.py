@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from harel.definition.events import ContextError, check_context, with_defaults
@@ -18,6 +19,7 @@ from harel.spec.states import Event
 
 from harel_edge.access import check_writable
 from harel_edge.errors import ConfigurationError
+from harel_edge.inspection import raise_missing
 from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.queue.statements import BATCH_ROWS
 from harel_edge.schema import EdgeNames
@@ -130,7 +132,7 @@ def publish(settings: EdgeSettings, request: PublishRequest) -> Published:
         created_time=datetime.now(UTC),
         **({"id": request.event_id} if request.event_id else {}),
     )
-    check_writable(settings)
+    check_publishable(settings)
     with LibsqlTransport(settings=settings) as transport:
         if request.create is not None:
             with EdgeStore(settings) as store:
@@ -139,6 +141,14 @@ def publish(settings: EdgeSettings, request: PublishRequest) -> Published:
         transport.publish_many([Message(request.group, event, request.priority, request.routing_key)])
         duplicate = before is not None and _record(transport, settings, request) == before
     return Published(request.group, request.priority, request.routing_key, event.model_dump(mode="json"), duplicate)
+
+
+def check_publishable(settings: EdgeSettings) -> None:
+    """`check_writable`, and on the local profile a file that exists: a publish to a path with a
+    typo must not create a database no worker reads (`harel-edge migrate` creates one)."""
+    if settings.profile == "local" and not Path(settings.db_path).exists():
+        raise_missing(settings.db_path)
+    check_writable(settings)
 
 
 def _record(transport: LibsqlTransport, settings: EdgeSettings, request: PublishRequest) -> tuple | None:
@@ -272,7 +282,7 @@ def publish_bulk(
         )
         for r in requests
     ]
-    check_writable(settings)
+    check_publishable(settings)
     created = 0
     batches = 0
     with LibsqlTransport(settings=settings) as transport:

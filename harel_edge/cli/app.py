@@ -82,11 +82,32 @@ class Globals:
         return EdgeSettings.load(**values)
 
 
+PROFILES = ("local", "sqld", "replica")
+LOG_FORMATS = ("auto", "json", "console")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def choices(values: tuple[str, ...]) -> str:
+    """The metavar that shows an option's choices in `--help`: <a|b|c>."""
+    return f"<{'|'.join(values)}>"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from harel_edge import __version__  # noqa: PLC0415
+
+        print(f"harel-edge {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def main(
     ctx: typer.Context,
     profile: str | None = typer.Option(
-        None, "--profile", help="local, sqld or replica (overrides HAREL_EDGE_PROFILE)."
+        None,
+        "--profile",
+        metavar=choices(PROFILES),
+        help="Where the data is (overrides HAREL_EDGE_PROFILE).",
     ),
     db_path: str | None = typer.Option(
         None, "--db-path", help="The database file, or the replica's file (overrides HAREL_EDGE_DB_PATH)."
@@ -100,15 +121,32 @@ def main(
         None, "--env-file", help="Read settings from this file instead of ./.env."
     ),
     log_format: str = typer.Option(
-        "auto", "--log-format", help="Log lines on stderr: json, console, or auto (json unless a terminal)."
+        "auto",
+        "--log-format",
+        metavar=choices(LOG_FORMATS),
+        help="Log lines on stderr (auto: json unless a terminal).",
     ),
-    log_level: str = typer.Option("warning", "--log-level", help="debug, info, warning or error."),
+    log_level: str = typer.Option(
+        "warning",
+        "--log-level",
+        metavar=choices(LOG_LEVELS),
+        help="What is logged on stderr; `worker` logs at info unless this is given.",
+    ),
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+    ),
 ) -> None:
     """Settings come from HAREL_EDGE_* variables (and .env); these options override them.
     The auth token is only read from HAREL_EDGE_AUTH_TOKEN (or the env file), never from an
     option, so it stays out of shell history and process listings."""
     from harel_edge import observability  # noqa: PLC0415
 
+    if log_level.lower() not in LOG_LEVELS:
+        fail(EXIT_CONFIG, f"--log-level {log_level!r}: use {', '.join(LOG_LEVELS)}")
+    log_level = log_level.lower()
+    source = ctx.get_parameter_source("log_level")
+    if ctx.invoked_subcommand == "worker" and getattr(source, "name", "DEFAULT") == "DEFAULT":
+        log_level = "info"  # a long-running service says that it started, and stopped
     if log_format == "auto":
         log_format = "console" if sys.stderr.isatty() else "json"
     if log_format not in ("json", "console"):
@@ -157,6 +195,8 @@ def handled(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, SystemExit):
             raise
+        except AuthError as exc:
+            fail(code_for(exc), scrub_text(tidy(_token_not_set(exc, ctx)), ctx))
         except HarelEdgeError as exc:
             fail(code_for(exc), scrub_text(tidy(str(exc)), ctx))
         except sqlite3.DatabaseError as exc:  # a local file read through the standard library
@@ -174,6 +214,18 @@ def handled(fn: Callable[..., Any]) -> Callable[..., Any]:
             fail(EXIT_PROBLEM, scrub_text(text, ctx))
 
     return wrapper
+
+
+def _token_not_set(exc: AuthError, ctx: typer.Context | None) -> str:
+    """A refusal when no token was given says so, not what the server made of the missing one."""
+    settings = maybe_settings(ctx)
+    if settings is None or settings.profile == "local" or settings.auth_token is not None:
+        return str(exc)
+    where = settings.server or "the primary"
+    return (
+        f"no auth token is set, and the primary at {where} requires one: set HAREL_EDGE_AUTH_TOKEN "
+        "(or HAREL_LIBSQL_AUTH_TOKEN, or AUTH_TOKEN in the env file) to a read-write token for it"
+    )
 
 
 def maybe_settings(ctx: typer.Context | None) -> EdgeSettings | None:

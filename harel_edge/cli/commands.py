@@ -157,7 +157,7 @@ def status(
     age = oldest["age_seconds"]
     out.print(
         f"{report.profile} at {report.where} (schema {report.schema_version}): "
-        f"{totals['messages']} messages in {totals['groups']} groups, {totals['in_flight']} in flight, "
+        f"{plural(totals['messages'], 'message')} in {plural(totals['groups'], 'group')}, {totals['in_flight']} in flight, "
         f"{totals['parked']} parked",
         markup=False,
     )
@@ -171,16 +171,19 @@ def status(
             ),
             markup=False,
         )
-    table = Table(title="queue by priority and routing key")
-    for column in ("priority", "routing key", "groups", "messages", "queued", "in flight", "parked"):
-        table.add_column(column, justify="right" if column != "routing key" else "left")
-    for row in queue["by_priority_and_routing_key"]:
-        table.add_row(
-            str(row["priority"]),
-            row["routing_key"] or "-",
-            *(str(row[k]) for k in ("groups", "messages", "queued", "in_flight", "parked")),
-        )
-    out.print(table)
+    if not queue["by_priority_and_routing_key"]:
+        out.print("queue by priority and routing key: none (the queue is empty)", markup=False)
+    else:
+        table = Table(title="queue by priority and routing key")
+        for column in ("priority", "routing key", "groups", "messages", "queued", "in flight", "parked"):
+            table.add_column(column, justify="right" if column != "routing key" else "left")
+        for row in queue["by_priority_and_routing_key"]:
+            table.add_row(
+                str(row["priority"]),
+                row["routing_key"] or "-",
+                *(str(row[k]) for k in ("groups", "messages", "queued", "in_flight", "parked")),
+            )
+        out.print(table)
     if queue["deepest_groups"]:
         deepest = Table(title=f"deepest groups (up to {groups})")
         for column in ("group", "priority", "routing key", "messages", "head"):
@@ -220,7 +223,7 @@ def status(
     if dead is not None:
         total = dead["messages"] + dead["workflows"]
         out.print(
-            f"dead letters: {dead['messages']} messages, {dead['workflows']} workflows"
+            f"dead letters: {plural(dead['messages'], 'message')}, {plural(dead['workflows'], 'workflow')}"
             + (" (`harel-edge dead-letter list` shows them)" if total else ""),
             markup=False,
         )
@@ -235,7 +238,7 @@ def status(
                 else f"last synced {replica.last_sync_at} ({lag:.1f} s ago)"
             )
             + (
-                f", sees {replica.messages_seen_locally} messages locally"
+                f", sees {plural(replica.messages_seen_locally, 'message')} locally"
                 if replica.messages_seen_locally is not None
                 else ""
             ),

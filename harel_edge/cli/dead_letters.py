@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from datetime import UTC, datetime
 
 import typer
@@ -15,6 +16,7 @@ from harel_edge.cli.app import (
     fail,
     handled,
     out,
+    plural,
 )
 from harel_edge.errors import (
     ConfigurationError,
@@ -25,6 +27,9 @@ from harel_edge.errors import (
 
 def _when(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
+
+
+KIND = f"<{'|'.join(dead_letter.KINDS)}>"
 
 
 def _kind_option(kind: str | None) -> str | None:
@@ -46,7 +51,7 @@ def _not_found(dead_letter_id: int) -> None:
 @handled
 def dead_letter_list(
     ctx: typer.Context,
-    kind: str | None = typer.Option(None, "--kind", help="Only this kind: message or workflow."),
+    kind: str | None = typer.Option(None, "--kind", metavar=KIND, help="Only this kind."),
     limit: int = typer.Option(100, "--limit", min=1, help="At most this many, oldest first."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
 ) -> None:
@@ -136,17 +141,29 @@ def dead_letter_purge(
     ctx: typer.Context,
     dead_letter_id: int | None = typer.Argument(None, metavar="ID", help="The dead letter's id (from `list`)."),
     everything: bool = typer.Option(False, "--all", help="Every dead letter (of --kind, if given)."),
-    kind: str | None = typer.Option(None, "--kind", help="With --all: only this kind, message or workflow."),
+    kind: str | None = typer.Option(None, "--kind", metavar=KIND, help="With --all: only this kind."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="With --all: do not ask for confirmation."),
 ) -> None:
-    """Delete one dead letter (ID) or all of them (--all), for good."""
+    """Delete one dead letter (ID) or all of them (--all, after a confirmation or --yes), for good."""
     settings = ctx.obj.settings()
     if (dead_letter_id is None) == (not everything):
         raise ConfigurationError("give a dead letter's ID or --all (not both)")
     if kind is not None and not everything:
         raise ConfigurationError("--kind goes with --all")
     if everything:
-        count = dead_letter.purge_dead_letters(settings, kind=_kind_option(kind)).count
-        out.print(f"purged {count} dead letter{'' if count == 1 else 's'}", markup=False)
+        wanted_kind = _kind_option(kind)
+        what = f"every {wanted_kind} dead letter" if wanted_kind else "every dead letter"
+        if not yes:
+            if not sys.stdin.isatty():
+                raise ConfigurationError(
+                    f"dead-letter purge --all deletes {what} for good: add --yes to confirm "
+                    "(there is no terminal to ask on); nothing was deleted"
+                )
+            if not typer.confirm(f"Delete {what} for good?", default=False):
+                out.print("nothing was deleted", markup=False)
+                raise typer.Exit(EXIT_PROBLEM)
+        count = dead_letter.purge_dead_letters(settings, kind=wanted_kind).count
+        out.print(f"purged {plural(count, 'dead letter')}", markup=False)
         return
     wanted = _dead_letter_id(dead_letter_id)  # type: ignore[arg-type]
     if not dead_letter.purge_dead_letter(settings, wanted).count:

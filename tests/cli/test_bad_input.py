@@ -219,7 +219,10 @@ def test_a_new_database_in_a_read_only_directory_is_refused_with_what_to_do(args
     read_only(directory)
     path = directory / where
     result = run_unprivileged(args, env_for({"profile": "local", "db_path": str(path)}), binding)
-    assert_refused(result, 5, f"cannot create {path}", f"{directory} is not writable", "HAREL_EDGE_DB_PATH")
+    if args[0] == "publish":  # publish creates no database at all: `migrate` (or a worker) does
+        assert_refused(result, 5, f"no database at {path}", "harel-edge migrate")
+    else:
+        assert_refused(result, 5, f"cannot create {path}", f"{directory} is not writable", "HAREL_EDGE_DB_PATH")
     assert sorted(directory.iterdir()) == []
 
 
@@ -427,10 +430,10 @@ def test_a_read_only_token_cannot_write_and_changes_nothing(args, profile, store
     assert primary_rows(stored) == before
 
 
-def test_doctor_says_a_read_only_token_cannot_write(stored, tmp_path):
+def test_doctor_says_a_read_only_token_cannot_write_but_passes_since_doctor_only_reads(stored, tmp_path):
     result = run(["doctor"], sqld_env(stored, auth_token=stored.ro_token), tmp_path)
-    assert result.returncode == 1
-    assert "FAIL  auth: the token is read-only" in result.stdout and "read-write token" in result.stdout
+    assert result.returncode == 0
+    assert "WARN  auth: the token is read-only" in result.stdout and "read-write token" in result.stdout
 
 
 @pytest.mark.parametrize(

@@ -85,10 +85,12 @@ def test_publish_from_a_missing_file_says_so_and_how_to_read_stdin(tmp_path):
 
 
 def test_lines_that_create_start_executions_of_the_named_machine(tmp_path):
+    from harel_edge.migration import migrate
     from harel_edge.settings import ExplicitSettings
     from harel_edge.store import EdgeStore
 
     settings = ExplicitSettings.load(profile="local", db_path=str(tmp_path / "q.db"))
+    migrate(settings)
     lines = [
         json.dumps({"group": f"order-{n}", "kind": "Start", "create": "order", "id": f"start-{n}"}) for n in range(3)
     ] + [json.dumps({"group": "order-1", "kind": "Pay", "data": {"amount": 3.5}})]

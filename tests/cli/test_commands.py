@@ -59,6 +59,7 @@ def poll_until(predicate, process: subprocess.Popen, log: Path, timeout: float =
 
 def test_publish_then_status_shows_the_message_by_priority_and_routing_key(place, tmp_path):
     env = env_for(place.values())
+    assert run(["migrate"], env, tmp_path).returncode == 0
     published = run(
         ["publish", "order-1", "Pay", "--data", '{"amount": 12.5}', "-p", "2", "-r", "eu", "--json"],
         env,

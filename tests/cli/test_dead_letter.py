@@ -89,7 +89,7 @@ def test_dead_letter_list_shows_each_dead_letter_with_its_count_and_last_error(e
     only = run(["dead-letter", "list", "--kind", "workflow", "--json"], env, tmp_path)
     assert [letter["kind"] for letter in json.loads(only.stdout)] == ["workflow"]
     wrong = run(["dead-letter", "list", "--kind", "event"], env, tmp_path)
-    assert wrong.returncode == 2 and "--kind 'event'" in wrong.stderr
+    assert wrong.returncode == 2 and "--kind 'event'" in wrong.stderr and "message or workflow" in wrong.stderr
 
 
 def test_dead_letter_show_prints_one_with_its_event(env, tmp_path):
@@ -128,7 +128,7 @@ def test_dead_letter_purge_deletes_one_or_all_and_needs_exactly_one_of_them(env,
     assert one.returncode == 0 and one.stdout.strip() == f"purged dead letter #{message['id']}"
     gone = run(["dead-letter", "show", str(message["id"])], env, tmp_path)
     assert gone.returncode == 1 and f"no dead letter #{message['id']}" in gone.stderr
-    rest = run(["dead-letter", "purge", "--all"], env, tmp_path)
+    rest = run(["dead-letter", "purge", "--all", "--yes"], env, tmp_path)
     assert rest.returncode == 0 and rest.stdout.strip() == "purged 1 dead letter"
     assert run(["dead-letter", "list"], env, tmp_path).stdout.strip() == "no dead letters"
 
@@ -136,7 +136,7 @@ def test_dead_letter_purge_deletes_one_or_all_and_needs_exactly_one_of_them(env,
 def test_status_says_how_many_dead_letters_there_are(env, tmp_path):
     shown = run(["status"], {**env, "COLUMNS": "200"}, tmp_path)
     assert shown.returncode == 0, shown.stderr
-    assert "dead letters: 1 messages, 1 workflows (`harel-edge dead-letter list` shows them)" in shown.stdout
+    assert "dead letters: 1 message, 1 workflow (`harel-edge dead-letter list` shows them)" in shown.stdout
     report = json.loads(run(["status", "--json"], env, tmp_path).stdout)
     assert report["dead_letters"]["messages"] == 1 and report["dead_letters"]["workflows"] == 1
 

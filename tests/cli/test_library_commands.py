@@ -21,7 +21,6 @@ from harel_edge.settings import ExplicitSettings
 from harel_edge.status import StatusReport, collect_status
 from harel_edge.store import EdgeStore
 
-
 EXAMPLES = str(Path(__file__).resolve().parents[2] / "harel_edge" / "examples")
 
 
@@ -38,6 +37,7 @@ def test_migrate_returns_the_version_it_found_and_then_finds_it_up_to_date(setti
 
 
 def test_publish_returns_the_stored_event_and_creates_the_execution_it_starts(settings):
+    migrate(settings)  # publish creates no database: a typo in the path must not make one
     request = publish_request(
         "order-1", "Start", '{"amount": 3}', priority=2, routing_key="eu", create="order", definitions=EXAMPLES
     )

@@ -10,6 +10,7 @@ import pytest
 from cli_helpers import env_for, run
 
 from harel_edge.errors import ConfigurationError
+from harel_edge.migration import migrate
 from harel_edge.publishing import publish, publish_request
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
@@ -43,7 +44,9 @@ def definitions(tmp_path) -> str:
 
 @pytest.fixture
 def settings(tmp_path):
-    return ExplicitSettings.load(profile="local", db_path=str(tmp_path / "q.db"))
+    made = ExplicitSettings.load(profile="local", db_path=str(tmp_path / "q.db"))
+    migrate(made)  # publish creates no database: `migrate` (or a worker) does
+    return made
 
 
 def harels_own_create(definitions: str, path: Path):
@@ -67,11 +70,11 @@ def test_an_execution_created_by_publish_has_its_machines_context_defaults_as_ha
     assert ours.created_at is not None, "stamped, as harel stamps what it creates"
 
 
-def test_a_start_that_leaves_a_required_context_field_unset_is_refused_before_anything_is_written(settings, definitions):
+def test_a_start_that_leaves_a_required_context_field_unset_is_refused_before_anything_is_written(tmp_path, definitions):
     with pytest.raises(ConfigurationError, match="total") as refused:
         publish_request("c-1", "Start", "{}", create="counter", definitions=definitions)
     assert "--data" in str(refused.value)
-    assert not Path(settings.db_path).exists()
+    assert not (tmp_path / "q.db").exists()
 
 
 def test_a_machine_that_is_not_in_the_definitions_is_refused_naming_the_ones_there(definitions):
@@ -88,6 +91,7 @@ def test_create_without_the_definitions_is_refused_saying_where_the_machine_come
 
 def test_a_publish_its_group_already_had_within_the_window_says_it_was_a_duplicate(tmp_path, definitions):
     env = env_for({"db_path": tmp_path / "q.db"})
+    assert run(["migrate"], env, tmp_path).returncode == 0
     args = ["publish", "c-1", "Start", "--id", "start-c-1", "--data", '{"total": 1.0}', "--create", "counter", "-D", definitions]
     first = run(args, env, tmp_path)
     again = run(args, env, tmp_path)
