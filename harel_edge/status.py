@@ -164,6 +164,7 @@ class StatusReport:
     workflows: dict[str, Any] | None = None  # None: no durable workflow tables
     dead_letters: dict[str, Any] | None = None  # None: no dead-letter table
     replica: ReplicaStatus | None = None
+    executions: dict[str, int] | None = None  # executions by status (lower case); None: no table
 
     def as_dict(self) -> dict[str, Any]:
         """The --json output: absent sections are left out, not null."""
@@ -177,6 +178,8 @@ class StatusReport:
             values["workflows"] = self.workflows
         if self.dead_letters is not None:
             values["dead_letters"] = self.dead_letters
+        if self.executions is not None:
+            values["executions"] = self.executions
         if self.replica is not None:
             values["replica"] = self.replica.as_dict()
         return values
@@ -221,6 +224,11 @@ def collect_status(settings: EdgeSettings, top: int = 10) -> StatusReport:
             report.workflows = workflow_status(reader.execute)
         if schema.dead_letters_table(settings.prefix) in facts.tables:
             report.dead_letters = dead_letter_status(reader.execute, settings.prefix)
+        if f"{settings.prefix}_executions" in facts.tables:
+            rows = reader.execute(
+                f"SELECT json_extract(data, '$.status'), count(*) FROM {settings.prefix}_executions GROUP BY 1"
+            )
+            report.executions = {str(status).lower(): int(count) for status, count in rows}
     finally:
         reader.close()
     if replica is not None:

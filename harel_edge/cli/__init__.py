@@ -3,7 +3,7 @@
 The package parses, renders and maps errors to exit codes; the work is in the library modules.
 """
 
-from harel_edge.cli.app import app, config_app, dead_letter_app
+from harel_edge.cli.app import app, config_app, dead_letter_app, executions_app
 from harel_edge.cli.commands import config_show, demo, doctor, migrate, publish, status, worker
 from harel_edge.cli.dead_letters import (
     dead_letter_list,
@@ -11,6 +11,7 @@ from harel_edge.cli.dead_letters import (
     dead_letter_requeue,
     dead_letter_show,
 )
+from harel_edge.cli.executions import executions_list, executions_show
 from harel_edge.cli.reference import command_paths, help_text, reference, reference_markdown
 
 # Registered here, in the order `--help` lists them: the README's first command first.
@@ -24,6 +25,8 @@ for _name, _command in (
     ("purge", dead_letter_purge),
 ):
     dead_letter_app.command(_name)(_command)
+executions_app.command("list")(executions_list)
+executions_app.command("show")(executions_show)
 app.command("reference", hidden=True)(reference)
 
 __all__ = ["app", "command_paths", "help_text", "reference_markdown"]

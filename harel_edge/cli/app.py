@@ -58,6 +58,13 @@ dead_letter_app = typer.Typer(
     context_settings=CONTEXT,
 )
 app.add_typer(dead_letter_app, name="dead-letter")
+executions_app = typer.Typer(
+    help="The statechart executions: list them, show one (state, queued events, last error, history).",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    context_settings=CONTEXT,
+)
+app.add_typer(executions_app, name="executions")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -219,6 +219,15 @@ def status(
                 "-" if wake is None else f"in {wake:.1f} s",
             )
         out.print(table)
+    counts = report.executions
+    if counts is not None:
+        failed = counts.get("failed", 0)
+        shown = ", ".join(f"{count} {status}" for status, count in sorted(counts.items())) or "none"
+        out.print(
+            f"executions: {shown}"
+            + (" (`harel-edge executions list --state failed` shows the failed ones)" if failed else ""),
+            markup=False,
+        )
     dead = report.dead_letters
     if dead is not None:
         total = dead["messages"] + dead["workflows"]

@@ -1,0 +1,97 @@
+"""`harel-edge executions`: list the statechart executions and show one in full (reads only)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from harel_edge import executions
+from harel_edge.cli.app import EXIT_PROBLEM, fail, handled, out, plural
+
+STATES = f"<{'|'.join(executions.STATUSES)}>"
+
+
+def _when(value: Any) -> str:
+    """An epoch time as UTC ISO 8601 to the second; '-' when there is none."""
+    if value is None:
+        return "-"
+    try:
+        return datetime.fromtimestamp(float(value), UTC).isoformat(timespec="seconds")
+    except (TypeError, ValueError, OverflowError):
+        return str(value)
+
+
+@handled
+def executions_list(
+    ctx: typer.Context,
+    state: str | None = typer.Option(None, "--state", metavar=STATES, help="Only executions with this status."),
+    machine: str | None = typer.Option(None, "--machine", help="Only executions of this statechart."),
+    limit: int = typer.Option(100, "--limit", min=1, help="At most this many, most recently changed first."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
+) -> None:
+    """List the statechart executions: status, active state, queued events, last error. Reads only."""
+    found = executions.list_executions(ctx.obj.settings(), status=state, machine=machine, limit=limit)
+    if as_json:
+        print(json.dumps([e.as_dict() for e in found], indent=2, default=str))
+        return
+    if not found:
+        out.print(f"executions: none{f' {state.lower()}' if state else ''}", markup=False)
+        return
+    table = Table(title=f"executions ({plural(len(found), 'shown', 'shown')}, most recently changed first)")
+    for column in ("id", "machine", "status", "state", "queued", "updated", "error"):
+        table.add_column(column, justify="right" if column == "queued" else "left")
+    for e in found:
+        error = (e.error or "-").splitlines()[0] if e.error else "-"
+        table.add_row(
+            e.id, e.machine, e.status.lower(), e.state or "-", str(e.pending), _when(e.updated_at), error[:80]
+        )
+    out.print(table)
+
+
+@handled
+def executions_show(
+    ctx: typer.Context,
+    execution_id: str = typer.Argument(..., metavar="ID", help="The execution's id (its group)."),
+    history: int = typer.Option(20, "--history", min=0, help="How many of its last trace entries to show."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Show one execution: status, active state, context, last error, queued events, history. Reads only."""
+    detail = executions.show_execution(ctx.obj.settings(), execution_id, history=history)
+    if detail is None:
+        fail(EXIT_PROBLEM, f"no execution {execution_id!r}: `harel-edge executions list` shows the ones there are")
+    if as_json:
+        print(json.dumps(detail.as_dict(), indent=2, default=str))
+        return
+    s = detail.summary
+    lines = [
+        f"execution {s.id} of {s.machine}: {s.status.lower()}, in {s.state or '-'}",
+        f"created {_when(detail.created_at)}, updated {_when(s.updated_at)}"
+        + (f", finished {_when(detail.finished_at)}" if detail.finished_at else ""),
+        f"last error: {s.error or '-'}",
+        f"processed: {plural(detail.processed_events, 'event')}",
+        f"context: {json.dumps(detail.context, default=str)}",
+    ]
+    for line in lines:
+        out.print(line, markup=False)
+    if not detail.queued:
+        out.print("queued events: none", markup=False)
+    else:
+        table = Table(title=f"queued events ({len(detail.queued)})")
+        for column in ("seq", "kind", "event id", "state", "deliveries", "last error"):
+            table.add_column(column)
+        for q in detail.queued:
+            table.add_row(
+                str(q["seq"]), str(q["kind"]), str(q["event_id"]), q["state"], str(q["deliveries"]),
+                (q["last_error"] or "-")[:80],
+            )  # fmt: skip
+        out.print(table)
+    if not detail.history:
+        out.print("history: none recorded", markup=False)
+    else:
+        out.print(f"history (last {plural(len(detail.history), 'entry', 'entries')}):", markup=False)
+        for entry in detail.history:
+            out.print(f"  {json.dumps(entry, default=str) if not isinstance(entry, str) else entry}", markup=False)
