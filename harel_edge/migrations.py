@@ -11,7 +11,7 @@ from typing import Any
 
 from harel.engine.schema import DEFAULT_PREFIX
 
-from harel_edge import schema
+from harel_edge import schema, schema_flow
 from harel_edge.errors import SchemaError, SchemaTooNewError
 from harel_edge.executor import Stmt
 
@@ -53,6 +53,13 @@ VERSIONS: tuple[Version, ...] = (
         schema.durable_v6,
         lambda prefix: [*schema.claim_times_v6(prefix), *schema.publish_once_v6(prefix), *schema.dead_letters_v6(prefix)],
         lambda prefix: [schema.EdgeNames(prefix).claim_trigger],
+    ),
+    Version(
+        7,
+        "flow control: delayed publish, per-key concurrency and rate limits",
+        _none,
+        schema_flow.flow_control_v7,
+        lambda prefix: [schema_flow.FlowNames(prefix).limits],
     ),
 )
 

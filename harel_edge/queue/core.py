@@ -23,6 +23,7 @@ from harel_edge.queue.statements import BATCH_ROWS, Message
 log = structlog.get_logger("harel_edge.transport")
 
 MAX_ERROR_CHARS = 4000  # of a handling failure kept on its message and in its dead letter
+LIMITED_CLAIMS = 100  # after a claim found a limit set: claims that read them before trying without
 
 
 class EventTransport:
@@ -54,7 +55,8 @@ class EventTransport:
         self._routing_keys = tuple(path.settings.routing_keys if routing_keys is None else routing_keys)
         self._buffer: deque[Lease] = deque()
         self._buffer_for: tuple | None = None
-        self._sql: dict[tuple[bool, bool], str] = {}
+        self._sql: dict[tuple[bool, bool, bool], str] = {}
+        self._limited = 0  # claims left to make with the statement that reads the limits
 
     @property
     def held(self) -> dict[LeaseKey, Lease]:
@@ -67,10 +69,23 @@ class EventTransport:
 
     # ---- publish -------------------------------------------------------------------------------
 
-    async def publish(self, group_id: str, event: Event, priority: int = 0, routing_key: str | None = None) -> None:
-        """Append `event` to `group_id`'s FIFO. The group's first publish fixes its priority and
-        routing key; later ones keep what the group has."""
-        await self.publish_many([Message(group_id, event, priority, routing_key)])
+    async def publish(
+        self,
+        group_id: str,
+        event: Event,
+        priority: int = 0,
+        routing_key: str | None = None,
+        *,
+        limit_key: str | None = None,
+        delay: float | None = None,
+        at: float | None = None,
+    ) -> None:
+        """Append `event` to `group_id`'s FIFO. The group's first publish fixes its priority,
+        routing key and `limit_key` (the key its limits count under; default: the routing key);
+        later ones keep what the group has. `delay` (seconds, on the primary's clock) or `at` (a
+        unix time) keeps the message unclaimable until then; as its group's head it holds the
+        group back (docs/transport.md, "Flow control")."""
+        await self.publish_many([Message(group_id, event, priority, routing_key, limit_key, delay, at)])
 
     async def publish_many(self, messages: Iterable[Message | tuple]) -> int:
         """All or none, in order, each checked before anything is sent; one unit of work (one
@@ -149,10 +164,20 @@ class EventTransport:
     ) -> tuple[list[Lease], int]:
         """One claim statement: the leases to hand out, and how many messages it buried."""
         token, params = sql.claim_params(worker_id, visibility, min_priority, keys, self.path.now())
-        statement = self._claim_statement(bool(keys), with_execution)
+        # Without reading the limits while none is set: that claim fails, changing nothing, once
+        # one is, and the claim that reads them runs for the next LIMITED_CLAIMS claims.
+        limited, self._limited = self._limited > 0, max(self._limited - 1, 0)
 
         async def attempt() -> list[tuple]:
-            return (await self.path.execute(statement, *params, n, volatile=True)).rows
+            nonlocal limited
+            try:
+                statement = self._claim_statement(bool(keys), with_execution, limited)
+                return (await self.path.execute(statement, *params, n, volatile=True)).rows
+            except Exception as exc:
+                if limited or not sql.limits_were_set(exc):
+                    raise
+                limited, self._limited = True, LIMITED_CLAIMS
+                return await attempt()
 
         async def resolve() -> list[tuple] | None:
             # What the token holds is what the claim leased (read after the delivery trigger ran:
@@ -176,11 +201,11 @@ class EventTransport:
             leases.append(lease)
         return leases, buried
 
-    def _claim_statement(self, keyed: bool, with_execution: bool) -> str:
-        statement = self._sql.get((keyed, with_execution))
+    def _claim_statement(self, keyed: bool, with_execution: bool, limited: bool) -> str:
+        statement = self._sql.get((keyed, with_execution, limited))
         if statement is None:
-            statement = self._sql[(keyed, with_execution)] = sql.claim_sql(
-                self.path.queue, keyed, many=True, returning=self._returning(with_execution)
+            statement = self._sql[(keyed, with_execution, limited)] = sql.claim_sql(
+                self.path.queue, keyed, many=True, returning=self._returning(with_execution), limited=limited
             )
         return statement
 
@@ -280,7 +305,7 @@ class EventTransport:
                     results = [await self.path.executor.execute(chunks[0])]
                 else:
                     results = await self.path.executor.transaction(chunks)
-                return _acked(leases, {(row[0], row[1]) for result in results for row in result.rows})
+                return sql.acked(leases, {(row[0], row[1]) for result in results for row in result.rows})
 
         else:
             stmts = [sql.ack_statement(q, lease) for lease in leases]
@@ -373,13 +398,3 @@ class EventTransport:
     async def close(self) -> None:
         """The executor is shared with the store; its owner closes it."""
 
-
-def _acked(leases: Sequence[Lease], gone: set[tuple[int, str]]) -> list[bool]:
-    """Each lease's answer from the (seq, token) pairs deleted: True once for each pair deleted;
-    False for a stale lease of a deleted seq, and for a lease given twice, the second time."""
-    answers = []
-    for lease in leases:
-        key = (lease.seq, lease.token)
-        answers.append(key in gone)
-        gone.discard(key)
-    return answers

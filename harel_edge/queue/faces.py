@@ -130,8 +130,18 @@ class LibsqlTransport(SyncFace):
     def max_deliveries(self) -> int:
         return self.core.max_deliveries
 
-    def publish(self, group_id: str, event: Event, priority: int = 0, routing_key: str | None = None) -> None:
-        self._call(self.core.publish(group_id, event, priority, routing_key))
+    def publish(
+        self,
+        group_id: str,
+        event: Event,
+        priority: int = 0,
+        routing_key: str | None = None,
+        *,
+        limit_key: str | None = None,
+        delay: float | None = None,
+        at: float | None = None,
+    ) -> None:
+        self._call(self.core.publish(group_id, event, priority, routing_key, limit_key=limit_key, delay=delay, at=at))
 
     def publish_many(self, messages: Iterable[Message | tuple]) -> int:
         return self._call(self.core.publish_many(list(messages)))

@@ -6,6 +6,7 @@ Why each has the shape it has: docs/transport.md.
 from __future__ import annotations
 
 import json
+import math
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,9 +20,10 @@ from harel_edge.errors import SchemaError
 from harel_edge.executor import Stmt
 from harel_edge.ids import refuse_nul
 from harel_edge.schema import DB_NOW, PARKED, EdgeNames, dead_letters_table, now_or, now_table
+from harel_edge.schema_flow import FlowNames
 
 MAX_PRIORITY = 4
-# Rows per multi-row INSERT of a batch publish: 8 parameters a row stays far below SQLite's
+# Rows per multi-row INSERT of a batch publish: 11 parameters a row stays far below SQLite's
 # 32,766 bound variables, and one statement (a few hundred KB) stays one modest HTTP request.
 BATCH_ROWS = 2000
 ACK_ROWS = 2000  # leases in one DELETE of `ack_many`: 3 parameters each
@@ -39,18 +41,31 @@ class Message:
     event: Event
     priority: int = 0
     routing_key: str | None = None
+    limit_key: str | None = None  # the key its group's limits count under (default: routing_key)
+    delay: float | None = None  # seconds from now, on the primary's clock, before it is claimable
+    at: float | None = None  # or the unix time it becomes claimable
 
 
-def claim_sql(n: EdgeNames, routing_keys: int, *, many: bool = False, returning: str = "") -> str:
+def claim_sql(
+    n: EdgeNames, routing_keys: int, *, many: bool = False, returning: str = "", limited: bool = True
+) -> str:
     """The claim in one statement: the spec's selection and its lease (`many`: up to `?7` groups'
-    heads). Parameters: token, now, visibility, min_priority, keys as a JSON array (any number of
-    them: one parameter), now[, n]. Its cost is flat in the groups waiting."""
+    heads), skipping the groups of a key at its concurrency or rate limit. Parameters: token,
+    now, visibility, min_priority, keys as a JSON array (any number of them: one parameter),
+    now[, n]. Its cost is flat in the groups waiting.
+
+    `limited=False`: the claim for a database with no limits set, which does not read them
+    (a fifth less work) and fails, changing nothing, if any limit is set (`limits_were_set`)."""
     keyed = bool(routing_keys)
     now, limit = now_or("?6"), "?7" if many else "1"
     # INDEXED BY: a walk must never become a scan in last-claim order, whatever the statistics.
     index = n.routing_index if keyed else n.free_index
     head = f"JOIN {n.messages} m ON m.seq = (SELECT MIN(seq) FROM {n.messages} WHERE group_id = g.group_id)"
+    # A parked or delayed head is locked until its time: the primary's clock (or the injected one) decides.
     free = f"(m.locked_by IS NULL OR m.lock_expiry < {now})"
+    # With no limit set, one look at an empty table, made once for the statement.
+    unlimited = f"NOT EXISTS (SELECT 1 FROM {FlowNames(n.prefix).limits})"
+    allowed = f" AND ({unlimited} OR g.held_key IS NULL OR {allowance_sql(n, 'g.held_key', now)} > 0)" if limited else ""
     order = f"ORDER BY g.last_claimed_at, g.rowid LIMIT {limit}"
     # The priorities from the floor to 4, and the keys (DISTINCT: a key given twice counts once).
     ctes = "pr(p) AS (SELECT MAX(?4, 0) WHERE ?4 <= 4 UNION ALL SELECT p + 1 FROM pr WHERE p < 4)"
@@ -58,31 +73,65 @@ def claim_sql(n: EdgeNames, routing_keys: int, *, many: bool = False, returning:
     if keyed:
         ctes += ", ks(k) AS (SELECT DISTINCT value FROM json_each(?5))"
         source, of_key = "pr CROSS JOIN ks", " AND g.routing_key = ks.k"
+    columns = "g.last_claimed_at AS c, g.rowid AS r, m.seq AS seq, g.held_key AS lk"
     # No LATERAL in SQLite: each (priority, key)'s walk is a correlated IN subquery.
     walks = (
-        f"SELECT g.last_claimed_at AS c, g.rowid AS r, m.seq AS seq FROM {source} CROSS JOIN {n.groups} g {head}"
+        f"SELECT {columns} FROM {source} CROSS JOIN {n.groups} g {head}"
         f" WHERE g.rowid IN (SELECT g.rowid FROM {n.groups} g INDEXED BY {index} {head}"
-        f" WHERE g.claimable_at IS NULL AND g.priority = pr.p{of_key} AND {free} {order})"
+        f" WHERE g.claimable_at IS NULL AND g.priority = pr.p{of_key} AND {free}{allowed} {order})"
     )
     # The groups whose lease or park has ended (few: each claim frees those it finds), and
     # those of a priority above 4 (none unless harel's own publish wrote one). Two walks, not an
     # OR, which the planner may turn into a scan of every group of the key.
     others = " UNION ALL ".join(
-        f"SELECT * FROM (SELECT g.last_claimed_at AS c, g.rowid AS r, m.seq AS seq"
+        f"SELECT * FROM (SELECT {columns}"
         f" FROM {'ks CROSS JOIN ' if keyed else ''}{n.groups} g INDEXED BY {index} {head}"
-        f" WHERE {which}{of_key} AND g.priority >= MAX(?4, 0) AND {free} {order})"
+        f" WHERE {which}{of_key} AND g.priority >= MAX(?4, 0) AND {free}{allowed} {order})"
         for which in (f"g.claimable_at < {now}", f"g.claimable_at IS NULL AND g.priority > {MAX_PRIORITY}")
+    )
+    # Each walk admits a key's groups while the key has room; of the first n, no more than its
+    # room (a claim_many may then lease fewer than n: the next claim goes on past the key).
+    first = f"SELECT * FROM ({walks} UNION ALL {others}) ORDER BY c, r LIMIT {limit}"
+    within = f"kr = 1 OR lk IS NULL OR {unlimited} OR kr <= {allowance_sql(n, 'lk', now)}"
+    ranked = (
+        f"SELECT seq, rank, lk FROM (SELECT seq, lk, row_number() OVER (ORDER BY c, r) - 1 AS rank,"
+        f" row_number() OVER (PARTITION BY lk ORDER BY c, r) AS kr FROM ({first})) WHERE {within}"
+        if limited
+        else f"SELECT seq, row_number() OVER (ORDER BY c, r) - 1, NULL FROM ({first})"
     )
     claim_now = f"COALESCE(?2, {DB_NOW})"
     base = f"MAX({claim_now}, COALESCE((SELECT MAX(last_claimed_at) FROM {n.groups}), 0) + {RANK_STEP})"
+    if not limited:  # an integer overflow, before any row is leased, if a limit is set
+        base += f" + abs(CASE WHEN {unlimited} THEN 0 ELSE -9223372036854775807 - 1 END)"
     return (
-        f"WITH RECURSIVE {ctes}, pick(seq, rank) AS (SELECT seq, row_number() OVER (ORDER BY c, r) - 1"
-        f" FROM (SELECT * FROM ({walks} UNION ALL {others}) ORDER BY c, r LIMIT {limit})),"
+        f"WITH RECURSIVE {ctes}, pick(seq, rank, lk) AS ({ranked}),"
         f" b(base) AS (SELECT {base})"
         f" UPDATE {n.messages} SET locked_by = ?1, claimed_at = b.base + pick.rank * {RANK_STEP},"
-        f" lock_expiry = {claim_now} + ?3"
+        f" lock_expiry = {claim_now} + ?3{', held_key = pick.lk' if limited else ''}"
         f" FROM pick CROSS JOIN b WHERE {n.messages}.seq = pick.seq"
         f" RETURNING seq, group_id, event{returning}"
+    )
+
+
+UNBOUNDED = 1 << 62  # the room of a key with no limit of that kind
+
+
+def limits_were_set(exc: BaseException) -> bool:
+    """Whether a claim made with `limited=False` failed because a limit is set: claim with them."""
+    return "integer overflow" in str(exc).lower()
+
+
+def allowance_sql(n: EdgeNames, key: str, now: str) -> str:
+    """How many more claims the limits of `key` admit now: its concurrency less its groups whose
+    lease has not ended, and its rate less its claims within the rolling period; unbounded
+    without a limit. Each count reads only that key's rows."""
+    f = FlowNames(n.prefix)
+    in_flight = f"(SELECT count(*) FROM {n.groups} x WHERE x.held_key = l.key AND x.leased_until >= {now})"
+    recent = f"(SELECT count(*) FROM {f.limit_claims} c WHERE c.key = l.key AND c.at > {now} - l.period)"
+    return (
+        f"COALESCE((SELECT MIN(CASE WHEN l.concurrency IS NULL THEN {UNBOUNDED} ELSE l.concurrency - {in_flight} END,"
+        f" CASE WHEN l.rate IS NULL THEN {UNBOUNDED} ELSE l.rate - {recent} END)"
+        f" FROM {f.limits} l WHERE l.key = {key}), {UNBOUNDED})"
     )
 
 
@@ -124,9 +173,10 @@ def publish_statement(n: EdgeNames, chunk: list[tuple], now: float | None, keep_
     """One multi-row INSERT into the publish view for `chunk` (rows from `message_row`); its
     trigger skips an event id the group had within `keep_for` seconds. Plain `?`s: numbered
     ones cost the driver 114 ms instead of 20 for 2,000 rows."""
-    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
+    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
     sql = (
-        f"INSERT INTO {n.publish_once_view} (group_id, event, priority, routing_key, event_id, now, keep_for, batch)"
+        f"INSERT INTO {FlowNames(n.prefix).publish_view}"
+        " (group_id, event, priority, routing_key, event_id, limit_key, delay, at, now, keep_for, batch)"
         f" VALUES {values}"
     )
     return Stmt(sql, tuple(value for row in chunk for value in (*row, now, keep_for, batch)))
@@ -226,9 +276,32 @@ def message_row(item: Message | tuple) -> tuple:
         raise ValueError(f"group_id must be a non-empty string, got {message.group_id!r}")
     refuse_nul(message.group_id, "group_id")
     refuse_nul(message.routing_key, "routing_key")
+    refuse_nul(message.limit_key, "limit_key")
     if not isinstance(message.event, Event):
         raise TypeError(f"event must be a harel Event, got {type(message.event).__name__}")
-    return (message.group_id, message.event.model_dump_json(), priority, message.routing_key, str(message.event.id))
+    delay, at = _when(message.delay, message.at)
+    return (
+        message.group_id,
+        message.event.model_dump_json(),
+        priority,
+        message.routing_key,
+        str(message.event.id),
+        message.limit_key,
+        delay,
+        at,
+    )
+
+
+def _when(delay: float | None, at: float | None) -> tuple[float | None, float | None]:
+    """A publish's delay and absolute time, checked: one or neither; a zero delay is none."""
+    for name, value in (("delay", delay), ("at", at)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)):
+            raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+    if delay is not None and at is not None:
+        raise ValueError("give delay (seconds from now) or at (a unix time), not both")
+    if delay is not None and delay < 0:
+        raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
+    return (float(delay) if delay else None), (None if at is None else float(at))
 
 
 def lease_from_row(row: tuple, token: str) -> Lease:
@@ -236,3 +309,14 @@ def lease_from_row(row: tuple, token: str) -> Lease:
     # Not model_validate_json: it caches the strings it parses, and every event id is new, so a
     # long-running worker's heap would grow with that cache. from_json without it is as fast.
     return Lease(int(seq), group_id, Event.model_validate(from_json(event, cache_strings=False)), token=token)
+
+
+def acked(leases: Sequence[Lease], gone: set[tuple[int, str]]) -> list[bool]:
+    """Each lease's answer from the (seq, token) pairs deleted: True once for each pair deleted;
+    False for a stale lease of a deleted seq, and for a lease given twice, the second time."""
+    answers = []
+    for lease in leases:
+        key = (lease.seq, lease.token)
+        answers.append(key in gone)
+        gone.discard(key)
+    return answers

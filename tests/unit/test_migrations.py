@@ -21,6 +21,7 @@ from harel_edge.settings import ExplicitSettings
 
 FIXTURES = Path(__file__).parent / "schemas"  # 5 and 6 as the re-converging releases left them
 LATEST = migrations.SCHEMA_VERSION
+EVERY = tuple(v.number for v in migrations.VERSIONS)
 
 
 def executing(db: sqlite3.Connection):
@@ -103,6 +104,7 @@ SOURCES = {
     "harel 0.9 SqliteStore and SqliteTransport": lambda path: harel_file(path, "SqliteStore+SqliteTransport"),
     "version 4": lambda path: applied_up_to(path, 4),
     "version 5": lambda path: applied_up_to(path, 5),
+    "version 6": lambda path: applied_up_to(path, 6),
     "version 5 of the re-converging release": lambda path: legacy(path, 5, with_store=True),
     "version 5 of the re-converging release, transport only": lambda path: legacy(path, 5, with_store=False),
     "version 6 of the re-converging release": lambda path: legacy(path, 6, with_store=True),
@@ -133,7 +135,7 @@ def test_every_earlier_schema_is_upgraded_to_exactly_the_schema_a_new_database_g
 def test_a_queue_in_use_keeps_its_messages_and_waiting_workflow_through_the_upgrade(tmp_path):
     path = tmp_path / "v5.db"
     legacy(path, 5, with_store=True)
-    assert upgrade(path) == migrations.Outcome(5, LATEST, (6,))
+    assert upgrade(path) == migrations.Outcome(5, LATEST, (6, 7))
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT group_id, event FROM harel_transport_messages ORDER BY seq").fetchall() == [
             ("G", "g1"), ("G", "g2"), ("H", "h1")
@@ -169,10 +171,10 @@ def test_a_new_database_gets_each_version_in_its_own_transaction_with_its_bump(t
 
 def test_a_second_prefix_gets_every_version_for_its_own_tables_and_leaves_the_first_alone(tmp_path):
     path = tmp_path / "two.db"
-    assert upgrade(path, "alpha").applied == (4, 5, 6)
+    assert upgrade(path, "alpha").applied == EVERY
     before = objects(path)
     done = upgrade(path, "beta")
-    assert done == migrations.Outcome(LATEST, LATEST, (4, 5, 6))
+    assert done == migrations.Outcome(LATEST, LATEST, EVERY)
     after = objects(path)
     assert {key: value for key, value in after.items() if key in before} == before
     assert {name for _kind, name in after if name not in {n for _k, n in before}} == {
@@ -185,8 +187,8 @@ def test_what_is_missing_is_read_without_writing_anything(tmp_path):
     legacy(path, 5, with_store=True)
     before = path.read_bytes()
     db = open_db(path)
-    assert migrations.missing(executing(db)) == (6,)
-    assert migrations.missing(executing(db), "other") == (4, 5, 6)
+    assert migrations.missing(executing(db)) == (6, 7)
+    assert migrations.missing(executing(db), "other") == EVERY
     db.close()
     assert path.read_bytes() == before
     upgrade(path)
@@ -216,16 +218,16 @@ def test_a_plan_another_process_made_stale_is_refused_inside_its_transaction_and
 
 def test_a_version_that_fails_leaves_nothing_of_itself_and_the_next_start_completes(tmp_path, monkeypatch):
     path = tmp_path / "fails.db"
-    applied_up_to(path, 5)
+    applied_up_to(path, LATEST - 1)
     before = objects(path)
     good = migrations.VERSIONS[-1]
     broken = migrations.Version(good.number, good.summary, good.shared, lambda p: [*good.prefixed(p), "SELEC oops"], good.marks)
     monkeypatch.setattr(migrations, "VERSIONS", (*migrations.VERSIONS[:-1], broken))
     with pytest.raises(sqlite3.OperationalError, match="syntax error"):
         upgrade(path)
-    assert (objects(path), user_version(path)) == (before, 5), "nothing of version 6, not even its shared part"
+    assert (objects(path), user_version(path)) == (before, LATEST - 1), "nothing of the last version, not even its shared part"
     monkeypatch.undo()
-    assert upgrade(path).applied == (6,)
+    assert upgrade(path).applied == (LATEST,)
 
 
 def test_a_newer_database_is_refused_and_left_byte_for_byte(tmp_path):
@@ -282,10 +284,10 @@ class RecordingExecutor:
 def test_through_an_executor_each_version_is_one_transaction_unit(tmp_path):
     executor = RecordingExecutor(tmp_path / "executor.db")
     done = asyncio.run(migrations.upgrade_async(executor))
-    assert done.applied == (4, 5, 6)
-    assert [kind for kind, _ in executor.units] == ["execute", "transaction"] * 3 + ["execute"]
+    assert done.applied == EVERY
+    assert [kind for kind, _ in executor.units] == ["execute", "transaction"] * len(EVERY) + ["execute"]
     units = [sql for kind, sql in executor.units if kind == "transaction"]
-    assert [unit[-1] for unit in units] == [f"PRAGMA user_version = {n}" for n in (4, 5, 6)]
+    assert [unit[-1] for unit in units] == [f"PRAGMA user_version = {n}" for n in EVERY]
 
 
 def test_the_printed_versions_build_the_schema_a_migration_builds(latest, tmp_path):
@@ -350,5 +352,5 @@ def test_two_processes_migrating_one_file_at_once_both_succeed_and_each_version_
         for worker in workers:
             worker.join(timeout=30)
         assert all(isinstance(o, tuple) for o in outcomes), outcomes
-        assert sorted(outcomes[0] + outcomes[1]) == [4, 5, 6], f"each version once: {outcomes}"
+        assert sorted(outcomes[0] + outcomes[1]) == list(EVERY), f"each version once: {outcomes}"
         assert objects(path) == latest and user_version(path) == LATEST

@@ -189,7 +189,7 @@ def version_5_file(tmp_path):
 def test_a_version_5_file_gets_queue_generations_and_an_arrival_that_bumps_them(tmp_path):
     path = version_5_file(tmp_path)
     LibsqlTransport(path).close()
-    assert user_version(path) == schema.SCHEMA_VERSION == 6
+    assert user_version(path) == schema.SCHEMA_VERSION
     assert "generation" in columns(path, "workflow_queue")
     with sqlite3.connect(path) as db:
         triggers = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
@@ -254,7 +254,7 @@ def test_a_queue_in_use_is_upgraded_to_claim_times_and_its_groups_in_flight_stay
         names = {name for _type, name, _sql in schema_objects(path)}
         assert "harel_transport_on_claim" not in names, "the trigger that stamped deadlines is dropped"
         assert "harel_transport_groups_by_routing_key" not in names
-        assert {"harel_transport_on_claim_v6", "harel_transport_groups_by_claimable"} <= names
+        assert {"harel_transport_on_claim_v7", "harel_transport_groups_by_claimable"} <= names
         with sqlite3.connect(path) as db:
             assert dict(db.execute("SELECT group_id, claimable_at FROM harel_transport_groups")) == {
                 "leased": 1300.0,
