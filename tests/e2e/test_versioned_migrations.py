@@ -26,6 +26,7 @@ from harel_edge.testing import SqldServer
 pytestmark = [pytest.mark.sqld, pytest.mark.timeout(180)]
 
 LATEST = migrations.SCHEMA_VERSION
+EVERY = tuple(v.number for v in migrations.VERSIONS)
 
 
 def sqld_settings(primary: SqldServer, **overrides: Any) -> EdgeSettings:
@@ -58,8 +59,8 @@ def test_on_a_remote_primary_each_version_is_one_request(fresh_sqld_primary: Sql
         return done, executor.exchanges
 
     done, exchanges = on(fresh_sqld_primary, work)
-    assert done == migrations.Outcome(0, LATEST, (4, 5, 6))
-    assert exchanges == 4 + 3, "a read of the state before and after each version, and one request a version"
+    assert done == migrations.Outcome(0, LATEST, EVERY)
+    assert exchanges == len(EVERY) + 1 + len(EVERY), "a read of the state before and after each version, and one request a version"
     assert rows(fresh_sqld_primary, "SELECT user_version FROM pragma_user_version") == [(LATEST,)]
 
 
@@ -71,7 +72,7 @@ def test_a_second_prefix_on_the_primary_gets_its_tables_and_the_first_is_left_al
     before = rows(fresh_sqld_primary, listing)
     second = on(fresh_sqld_primary, lambda e: migrations.upgrade_async(e, "beta"))
     after = rows(fresh_sqld_primary, listing)
-    assert (first.applied, second) == ((4, 5, 6), migrations.Outcome(LATEST, LATEST, (4, 5, 6)))
+    assert (first.applied, second) == (EVERY, migrations.Outcome(LATEST, LATEST, EVERY))
     assert [row for row in after if "beta_" not in row[1]] == before
 
 
@@ -155,9 +156,12 @@ def test_two_workers_starting_on_a_harel_09_queue_at_once_apply_each_version_onc
         worker.join(timeout=30)
     assert all(isinstance(outcome, tuple) for outcome in outcomes), outcomes
     applied = sorted(outcomes[0][0] + outcomes[1][0])
-    assert applied == [4, 5, 6], f"each version applied once between them: {outcomes}"
-    assert outcomes[0][1] + outcomes[1][1] == 3, "the loser of each race was refused inside its transaction"
+    assert applied == list(EVERY), f"each version applied once between them: {outcomes}"
+    assert outcomes[0][1] + outcomes[1][1] == len(EVERY), "the loser of each race was refused inside its transaction"
     columns = [row[1] for row in rows(primary, "SELECT cid, name FROM pragma_table_info('harel_transport_groups')")]
-    assert columns == ["group_id", "last_claimed_at", "priority", "routing_key", "claimable_at"]
+    assert columns == [
+        "group_id", "last_claimed_at", "priority", "routing_key", "claimable_at",
+        "limit_key", "held_key", "leased_until", "delayed",
+    ]
     assert rows(primary, "SELECT user_version FROM pragma_user_version") == [(LATEST,)]
     assert rows(primary, "SELECT seq, group_id, event FROM harel_transport_messages ORDER BY seq") == messages
