@@ -12,6 +12,7 @@ from harel_edge.cli.dead_letters import (
     dead_letter_show,
 )
 from harel_edge.cli.executions import executions_list, executions_show
+from harel_edge.cli.limits import limits_app, limits_clear, limits_list, limits_set
 from harel_edge.cli.reference import command_paths, help_text, reference, reference_markdown
 
 # Registered here, in the order `--help` lists them: the README's first command first.
@@ -27,6 +28,9 @@ for _name, _command in (
     dead_letter_app.command(_name)(_command)
 executions_app.command("list")(executions_list)
 executions_app.command("show")(executions_show)
+app.add_typer(limits_app, name="limits")
+for _name, _command in (("set", limits_set), ("list", limits_list), ("clear", limits_clear)):
+    limits_app.command(_name)(_command)
 app.command("reference", hidden=True)(reference)
 
 __all__ = ["app", "command_paths", "help_text", "reference_markdown"]

@@ -30,6 +30,13 @@ def command_paths() -> list[list[str]]:
         ["dead-letter", "show"],
         ["dead-letter", "requeue"],
         ["dead-letter", "purge"],
+        ["executions"],
+        ["executions", "list"],
+        ["executions", "show"],
+        ["limits"],
+        ["limits", "set"],
+        ["limits", "list"],
+        ["limits", "clear"],
         ["doctor"],
     ]
 
