@@ -84,7 +84,9 @@ def test_collect_status_returns_a_report_whose_dict_is_the_json_output(settings)
         "queue",
         "workflows",
         "dead_letters",
+        "executions",
     ]
+    assert report.executions == {}  # the table is there, with no execution yet
 
 
 def test_diagnose_returns_the_checks_and_whether_one_failed(settings):
