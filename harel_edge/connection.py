@@ -6,6 +6,7 @@ One place decides how each profile talks to its data (docs/profiles.md); retryin
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,10 +54,15 @@ class EdgeConnection:
         self.last_sync_error: str | None = None
         self._raw: Any = None
         self._closed = False
+        self._replica_file = _claim_replica_file(settings) if settings.profile == "replica" else None
         # A replica cannot even be opened while its primary is down, and a
         # worker usually starts with its primary: open under the retry policy, so both may start
         # in any order. Refused credentials and bad paths are permanent and fail at once.
-        retry.call_with_retry(settings, "connect", self._start)
+        try:
+            retry.call_with_retry(settings, "connect", self._start)
+        except BaseException:
+            self._release_replica_file()
+            raise
 
     def _start(self) -> None:
         if self._raw is None:
@@ -178,9 +184,37 @@ class EdgeConnection:
 
     def close(self) -> None:
         self._closed = True
-        if self._raw is not None:
-            self._raw.close()
-            self._raw = None
+        try:
+            if self._raw is not None:
+                self._raw.close()
+                self._raw = None
+        finally:
+            self._release_replica_file()
+
+    def _release_replica_file(self) -> None:
+        if self._replica_file is not None:
+            with _REPLICA_FILES_LOCK:
+                _REPLICA_FILES.discard(self._replica_file)
+            self._replica_file = None
+
+
+# The embedded replica files this process has open: two replicas of one file in one process
+# corrupt it ("database disk image is malformed"), so a second is refused before it is opened.
+_REPLICA_FILES: set[str] = set()
+_REPLICA_FILES_LOCK = threading.Lock()
+
+
+def _claim_replica_file(settings: EdgeSettings) -> str:
+    path = os.path.realpath(Path(settings.db_path).expanduser())
+    with _REPLICA_FILES_LOCK:
+        if path in _REPLICA_FILES:
+            raise ConfigurationError(
+                f"{settings.db_path} is already open as an embedded replica in this process, and two replicas "
+                "of one file corrupt it: share that EdgeConnection, or give this one its own HAREL_EDGE_DB_PATH "
+                "(LibsqlTransport and EdgeStore never open the file: they speak to the primary)"
+            )
+        _REPLICA_FILES.add(path)
+    return path
 
 
 def connect(settings: EdgeSettings | None = None, **overrides: Any) -> EdgeConnection:
