@@ -61,6 +61,13 @@ VERSIONS: tuple[Version, ...] = (
         schema_flow.flow_control_v7,
         lambda prefix: [schema_flow.FlowNames(prefix).limits],
     ),
+    Version(
+        8,
+        "debounced publish",
+        _none,
+        schema_flow.debounce_v8,
+        lambda prefix: [schema_flow.FlowNames(prefix).publish_view],
+    ),
 )
 
 SCHEMA_VERSION = VERSIONS[-1].number

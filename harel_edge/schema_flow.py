@@ -39,8 +39,13 @@ class FlowNames:
         return f"{self.prefix}_transport_groups_by_limit_key"
 
     @property
-    def publish_view(self) -> str:
+    def publish_view_v7(self) -> str:
         return f"{self.prefix}_transport_publish_once_v7"
+
+    @property
+    def publish_view(self) -> str:
+        """The publish every harel_edge publish goes through (version 8's)."""
+        return f"{self.prefix}_transport_publish_once_v8"
 
     @property
     def claim_trigger(self) -> str:
@@ -138,10 +143,10 @@ def flow_control_v7(prefix: str = DEFAULT_PREFIX) -> list[str]:
         f" END",
         # Version 6's idempotent publish, with a limit key and a time before which the message
         # stays parked (a new group's row says so, so the claim's walk of free groups skips it).
-        f"CREATE VIEW {f.publish_view}"
+        f"CREATE VIEW {f.publish_view_v7}"
         " (group_id, event, priority, routing_key, event_id, limit_key, delay, at, now, keep_for, batch)"
         " AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE 0",
-        f"CREATE TRIGGER {f.publish_view} INSTEAD OF INSERT ON {f.publish_view} BEGIN"
+        f"CREATE TRIGGER {f.publish_view_v7} INSTEAD OF INSERT ON {f.publish_view_v7} BEGIN"
         f" DELETE FROM {n.published} WHERE group_id = NEW.group_id AND event_id = NEW.event_id"
         f" AND expires_at <= {at};"
         f" INSERT OR IGNORE INTO {n.groups} (group_id, priority, routing_key, limit_key, held_key, claimable_at)"
@@ -159,4 +164,63 @@ def flow_control_v7(prefix: str = DEFAULT_PREFIX) -> list[str]:
         f" END",
         f"DROP TRIGGER {n.publish_once_view}",
         f"DROP VIEW {n.publish_once_view}",
+    ]
+
+
+def debounce_v8(prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """Debounced publish: a message with a debounce key waits, parked, until `debounce` seconds
+    pass without another publish of that key to its group; each one meanwhile replaces its event
+    and pushes its time back, no later than `max_wait` after the burst's first publish."""
+    n, f = EdgeNames(prefix), FlowNames(prefix)
+    seen = f"(SELECT 1 FROM {n.published} WHERE group_id = NEW.group_id AND event_id = NEW.event_id)"
+    at = f"COALESCE(NEW.now, {DB_NOW})"
+    until = f"COALESCE(NEW.at, {at} + NEW.delay, {at} + NEW.debounce)"  # NULL: claimable at once
+    key = "COALESCE(NEW.limit_key, NEW.routing_key)"
+    held = f"CASE WHEN EXISTS (SELECT 1 FROM {f.limits} WHERE key = {key}) THEN {key} END"
+    # The burst's message waiting: published with this key, parked, never claimed.
+    pending = (
+        f"NEW.debounce_key IS NOT NULL AND group_id = NEW.group_id AND debounce_key = NEW.debounce_key"
+        f" AND locked_by = '{PARKED}' AND claimed_at IS NULL"
+    )
+    leased = f"CASE WHEN NEW.locked_by IS NULL OR NEW.locked_by = '{PARKED}' THEN NULL ELSE NEW.lock_expiry END"
+    return [
+        f"ALTER TABLE {n.messages} ADD COLUMN debounce_key TEXT",
+        f"ALTER TABLE {n.messages} ADD COLUMN first_at REAL",
+        f"CREATE INDEX {n.prefix}_transport_messages_by_debounce ON {n.messages} (group_id, debounce_key)"
+        " WHERE debounce_key IS NOT NULL",
+        # A lock moved on a message that is not its group's head (a debounced one pushed back)
+        # leaves the group as it is.
+        f"DROP TRIGGER {n.lock_trigger}_v7",
+        f"CREATE TRIGGER {n.lock_trigger}_v8 AFTER UPDATE OF locked_by, lock_expiry ON {n.messages}"
+        f" WHEN NEW.claimed_at IS OLD.claimed_at"
+        f" AND NEW.seq = (SELECT MIN(seq) FROM {n.messages} WHERE group_id = NEW.group_id) BEGIN"
+        f" UPDATE {n.groups} SET claimable_at = CASE WHEN NEW.locked_by IS NULL THEN NULL ELSE NEW.lock_expiry END,"
+        f" leased_until = {leased} WHERE group_id = NEW.group_id;"
+        f" END",
+        f"DROP TRIGGER {f.publish_view_v7}",
+        f"DROP VIEW {f.publish_view_v7}",
+        f"CREATE VIEW {f.publish_view}"
+        " (group_id, event, priority, routing_key, event_id, limit_key, delay, at, debounce_key, debounce,"
+        " max_wait, now, keep_for, batch)"
+        " AS SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE 0",
+        f"CREATE TRIGGER {f.publish_view} INSTEAD OF INSERT ON {f.publish_view} BEGIN"
+        f" DELETE FROM {n.published} WHERE group_id = NEW.group_id AND event_id = NEW.event_id"
+        f" AND expires_at <= {at};"
+        f" UPDATE {n.messages} SET event = NEW.event, lock_expiry = MIN({at} + NEW.debounce,"
+        f" COALESCE(first_at + NEW.max_wait, {at} + NEW.debounce)) WHERE {pending} AND NOT EXISTS {seen};"
+        f" INSERT OR IGNORE INTO {n.groups} (group_id, priority, routing_key, limit_key, held_key, claimable_at)"
+        f" SELECT NEW.group_id, COALESCE(NEW.priority, 0), NEW.routing_key, {key}, {held}, {until}"
+        f" WHERE NOT EXISTS {seen};"
+        f" UPDATE {n.groups} SET delayed = 1 WHERE {until} IS NOT NULL AND group_id = NEW.group_id"
+        f" AND NOT EXISTS {seen};"
+        f" INSERT INTO {n.messages} (group_id, event, locked_by, lock_expiry, debounce_key, first_at)"
+        f" SELECT NEW.group_id, NEW.event, CASE WHEN {until} IS NULL THEN NULL ELSE '{PARKED}' END,"
+        f" CASE WHEN NEW.max_wait IS NULL THEN {until} ELSE MIN({until}, {at} + NEW.max_wait) END,"
+        f" NEW.debounce_key, CASE WHEN NEW.debounce_key IS NULL THEN NULL ELSE {at} END"
+        f" WHERE NOT EXISTS {seen} AND NOT EXISTS (SELECT 1 FROM {n.messages} WHERE {pending});"
+        f" INSERT OR IGNORE INTO {n.published} (group_id, event_id, published_at, expires_at, batch)"
+        f" VALUES (NEW.group_id, NEW.event_id, {at}, {at} + NEW.keep_for, NEW.batch);"
+        f" DELETE FROM {n.published} WHERE (group_id, event_id) IN (SELECT group_id, event_id"
+        f" FROM {n.published} WHERE expires_at <= {at} ORDER BY expires_at LIMIT 2);"
+        f" END",
     ]

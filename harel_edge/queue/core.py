@@ -75,17 +75,14 @@ class EventTransport:
         event: Event,
         priority: int = 0,
         routing_key: str | None = None,
-        *,
-        limit_key: str | None = None,
-        delay: float | None = None,
-        at: float | None = None,
+        **flow: Any,
     ) -> None:
         """Append `event` to `group_id`'s FIFO. The group's first publish fixes its priority,
         routing key and `limit_key` (the key its limits count under; default: the routing key);
         later ones keep what the group has. `delay` (seconds, on the primary's clock) or `at` (a
-        unix time) keeps the message unclaimable until then; as its group's head it holds the
-        group back (docs/transport.md, "Flow control")."""
-        await self.publish_many([Message(group_id, event, priority, routing_key, limit_key, delay, at)])
+        unix time) keeps the message unclaimable until then, and `debounce`, `debounce_key` and
+        `max_wait` debounce it: `Message`'s fields (docs/transport.md, "Flow control")."""
+        await self.publish_many([Message(group_id, event, priority, routing_key, **flow)])
 
     async def publish_many(self, messages: Iterable[Message | tuple]) -> int:
         """All or none, in order, each checked before anything is sent; one unit of work (one

@@ -136,12 +136,11 @@ class LibsqlTransport(SyncFace):
         event: Event,
         priority: int = 0,
         routing_key: str | None = None,
-        *,
-        limit_key: str | None = None,
-        delay: float | None = None,
-        at: float | None = None,
+        **flow: Any,
     ) -> None:
-        self._call(self.core.publish(group_id, event, priority, routing_key, limit_key=limit_key, delay=delay, at=at))
+        """`EventTransport.publish`: `flow` is `limit_key`, `delay`, `at`, `debounce`,
+        `debounce_key` and `max_wait` (`Message`'s fields)."""
+        self._call(self.core.publish(group_id, event, priority, routing_key, **flow))
 
     def publish_many(self, messages: Iterable[Message | tuple]) -> int:
         return self._call(self.core.publish_many(list(messages)))

@@ -23,7 +23,7 @@ from harel_edge.schema import DB_NOW, PARKED, EdgeNames, dead_letters_table, now
 from harel_edge.schema_flow import FlowNames
 
 MAX_PRIORITY = 4
-# Rows per multi-row INSERT of a batch publish: 11 parameters a row stays far below SQLite's
+# Rows per multi-row INSERT of a batch publish: 14 parameters a row stays below SQLite's
 # 32,766 bound variables, and one statement (a few hundred KB) stays one modest HTTP request.
 BATCH_ROWS = 2000
 ACK_ROWS = 2000  # leases in one DELETE of `ack_many`: 3 parameters each
@@ -44,6 +44,9 @@ class Message:
     limit_key: str | None = None  # the key its group's limits count under (default: routing_key)
     delay: float | None = None  # seconds from now, on the primary's clock, before it is claimable
     at: float | None = None  # or the unix time it becomes claimable
+    debounce: float | None = None  # wait this long for a later publish of debounce_key to replace it
+    debounce_key: str | None = None  # what a later publish replaces it by (default: the event's kind)
+    max_wait: float | None = None  # and never past this long after the burst's first publish
 
 
 def claim_sql(
@@ -173,10 +176,10 @@ def publish_statement(n: EdgeNames, chunk: list[tuple], now: float | None, keep_
     """One multi-row INSERT into the publish view for `chunk` (rows from `message_row`); its
     trigger skips an event id the group had within `keep_for` seconds. Plain `?`s: numbered
     ones cost the driver 114 ms instead of 20 for 2,000 rows."""
-    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
+    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
     sql = (
-        f"INSERT INTO {FlowNames(n.prefix).publish_view}"
-        " (group_id, event, priority, routing_key, event_id, limit_key, delay, at, now, keep_for, batch)"
+        f"INSERT INTO {FlowNames(n.prefix).publish_view} (group_id, event, priority, routing_key, event_id,"
+        " limit_key, delay, at, debounce_key, debounce, max_wait, now, keep_for, batch)"
         f" VALUES {values}"
     )
     return Stmt(sql, tuple(value for row in chunk for value in (*row, now, keep_for, batch)))
@@ -277,9 +280,12 @@ def message_row(item: Message | tuple) -> tuple:
     refuse_nul(message.group_id, "group_id")
     refuse_nul(message.routing_key, "routing_key")
     refuse_nul(message.limit_key, "limit_key")
+    refuse_nul(message.debounce_key, "debounce_key")
     if not isinstance(message.event, Event):
         raise TypeError(f"event must be a harel Event, got {type(message.event).__name__}")
     delay, at = _when(message.delay, message.at)
+    debounce, max_wait = _debounce(message.debounce, message.max_wait, delay, at)
+    debounce_key = (message.debounce_key or message.event.kind) if debounce else None
     return (
         message.group_id,
         message.event.model_dump_json(),
@@ -289,7 +295,26 @@ def message_row(item: Message | tuple) -> tuple:
         message.limit_key,
         delay,
         at,
+        debounce_key,
+        debounce,
+        max_wait,
     )
+
+
+def _debounce(
+    debounce: float | None, max_wait: float | None, delay: float | None, at: float | None
+) -> tuple[float | None, float | None]:
+    """A publish's debounce period and longest wait, checked."""
+    for name, value in (("debounce", debounce), ("max_wait", max_wait)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0
+        ):
+            raise ValueError(f"{name} must be a number of seconds above 0, got {value!r}")
+    if debounce is None and max_wait is not None:
+        raise ValueError("max_wait bounds a debounce: give debounce=seconds too")
+    if debounce is not None and (delay is not None or at is not None):
+        raise ValueError("give debounce (a burst waits for its last publish) or delay/at, not both")
+    return (None if debounce is None else float(debounce)), (None if max_wait is None else float(max_wait))
 
 
 def _when(delay: float | None, at: float | None) -> tuple[float | None, float | None]:

@@ -185,3 +185,43 @@ def test_a_limit_set_while_transports_claim_holds_from_their_next_claim(edge, ma
         assert len(t.claim_many("w", VISIBILITY, 10)) == 1, "the limit counts the lease taken before it"
         assert limits.clear_limit(execute, t.settings.prefix, "k")
     assert len(t.claim_many("w", VISIBILITY, 10)) == 2, "cleared: the key's other groups are claimed"
+
+
+def test_a_burst_of_debounced_publishes_runs_once_with_the_last_ones_data(make_transport):
+    now = [1000.0]
+    t = make_transport(lambda: now[0])
+    t.publish("s", Event(kind="before"))
+    for i in range(100):
+        t.publish("s", Event(kind="reading", data={"i": i}), debounce=5)
+        now[0] += 0.01
+    first = t.claim("w", VISIBILITY)
+    assert first is not None and first.event.kind == "before", "what was queued before the burst goes first"
+    assert t.ack(first)
+    assert t.claim("w", VISIBILITY) is None, "the burst waits for 5 s without a publish"
+    now[0] += 5.0
+    reading = t.claim("w", VISIBILITY)
+    assert reading is not None and reading.event.data == {"i": 99}, "once, with the last one's data"
+    assert t.ack(reading)
+    assert t.depth() == 0, "the 99 others were replaced, not queued"
+
+
+def test_a_debounced_publish_waits_no_longer_than_its_longest_wait(make_transport):
+    now = [1000.0]
+    t = make_transport(lambda: now[0])
+    for i in range(4):  # one a second, each pushing the time back by 5 s
+        t.publish("s", Event(kind="reading", data={"i": i}), debounce=5, max_wait=3.5)
+        assert t.claim("w", VISIBILITY) is None
+        now[0] += 1.0
+    now[0] = 1003.6
+    reading = t.claim("w", VISIBILITY)
+    assert reading is not None and reading.event.data == {"i": 3}, "claimable 3.5 s after the burst began"
+
+
+def test_a_debounced_message_behind_its_groups_head_does_not_hold_the_head_back(make_transport):
+    now = [1000.0]
+    t = make_transport(lambda: now[0])
+    t.publish("s", Event(kind="head"))
+    t.publish("s", Event(kind="reading", data={"i": 0}), debounce=5)
+    t.publish("s", Event(kind="reading", data={"i": 1}), debounce=5)
+    head = t.claim("w", VISIBILITY)
+    assert head is not None and head.event.kind == "head"
