@@ -106,9 +106,38 @@ def _remove_projects_of_dead_test_runs() -> None:
                 )  # fmt: skip
 
 
+TICKET = """
+bind {
+  opened = ticket_actions.opened
+}
+
+event Close { by: string }
+
+machine ticket {
+  context {
+    closed_by: string = ""
+  }
+  initial Open
+  state Open {
+    on enter opened
+  }
+  final Closed success
+  from Open to Closed on Close set context.closed_by = event.by
+}
+"""
+# The module the statechart's `bind` names: a worker that cannot import it does not start.
+TICKET_ACTIONS = '''
+def opened(execution, event, **_inputs):
+    pass
+'''
+
+
 @pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    """compose/up.sh in a project of this test; compose/down.sh --volumes afterwards, always."""
+def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deployment]:
+    """compose/up.sh in a project of this test; compose/down.sh --volumes afterwards, always.
+
+    Parametrized indirectly with "own", the workers run a directory of the user's own (a
+    statechart and the Python module its `bind` block names) instead of the demo's."""
     if shutil.which("docker-compose") is None:
         sqld_unavailable("docker-compose is not installed (apt-get install docker-compose)")
     from harel_edge.testing import backend_unavailable_reason
@@ -129,6 +158,12 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
         SQLD_PRIMARY_GRPC_PORT=str(primary_grpc),
         SQLD_REPLICA_HTTP_PORT=str(replica_http),
     )
+    if getattr(request, "param", None) == "own":
+        own = tmp_path / "my-statecharts"
+        own.mkdir()
+        (own / "ticket.stm").write_text(TICKET)
+        (own / "ticket_actions.py").write_text(TICKET_ACTIONS)
+        env["HAREL_EDGE_DEFINITIONS_DIR"] = str(own)
     made = Deployment(
         project, env, f"http://127.0.0.1:{primary_http}", f"http://127.0.0.1:{replica_http}", ""
     )
@@ -202,6 +237,39 @@ def test_composed_harel_edge_workers_complete_every_order_published_with_the_cli
     assert deployment.token not in logs
     primary.close()
 
+    deployment.down()
+    assert deployment.leftovers() == []
+
+
+@pytest.mark.parametrize("deployment", ["own"], indirect=True)
+def test_composed_workers_run_the_users_own_statecharts_and_the_modules_they_bind(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    wait_until(
+        lambda: deployment.compose("logs", "--no-color", "edge-worker").stdout.count("worker started") >= WORKERS,
+        timeout=120, interval=0.2, what=f"{WORKERS} harel-edge workers starting",
+    )  # fmt: skip
+    logs = deployment.compose("logs", "--no-color", "edge-worker").stdout
+    assert "ticket" in logs and "'order'" not in logs  # the user's machines, not the demo's
+    own = tmp_path / "my-statecharts"
+    lines = [
+        json.dumps({"group": f"t-{n}", "kind": "Start", "create": "ticket", "id": f"start-{n}"}) for n in range(3)
+    ] + [json.dumps({"group": f"t-{n}", "kind": "Close", "data": {"by": f"ada-{n}"}, "id": f"close-{n}"}) for n in range(3)]
+    (tmp_path / "tickets.ndjson").write_text("\n".join(lines) + "\n")
+    done = _cli(deployment, "publish", "--from", str(tmp_path / "tickets.ndjson"), "--definitions", str(own))
+    assert done.returncode == 0, done.stderr
+    primary = deployment.connect(deployment.primary_url)
+
+    def closed() -> dict[str, tuple[str, str]]:
+        rows = primary.execute(
+            "SELECT id, json_extract(data, '$.status'), json_extract(data, '$.context.closed_by') FROM harel_executions"
+        )
+        found = {row[0]: (row[1], row[2]) for row in rows}
+        return found if len(found) == 3 and all(v[0] == Status.DONE.value for v in found.values()) else {}
+
+    found = wait_until(closed, timeout=180, interval=0.2, what="every ticket reaching its final state")
+    assert found == {f"t-{n}": (Status.DONE.value, f"ada-{n}") for n in range(3)}
+    primary.close()
     deployment.down()
     assert deployment.leftovers() == []
 
