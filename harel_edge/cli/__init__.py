@@ -4,7 +4,7 @@ The package parses, renders and maps errors to exit codes; the work is in the li
 """
 
 from harel_edge.cli.app import app, config_app, dead_letter_app, executions_app
-from harel_edge.cli.commands import config_show, demo, doctor, migrate, publish, status, worker
+from harel_edge.cli.commands import config_show, demo, doctor, migrate, status, worker
 from harel_edge.cli.dead_letters import (
     dead_letter_list,
     dead_letter_purge,
@@ -13,6 +13,7 @@ from harel_edge.cli.dead_letters import (
 )
 from harel_edge.cli.executions import executions_list, executions_show
 from harel_edge.cli.limits import limits_app, limits_clear, limits_list, limits_set
+from harel_edge.cli.publish import publish
 from harel_edge.cli.reference import command_paths, help_text, reference, reference_markdown
 
 # Registered here, in the order `--help` lists them: the README's first command first.

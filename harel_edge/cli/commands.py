@@ -12,15 +12,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from harel_edge import migration, publishing
+from harel_edge import migration
 from harel_edge.access import check_writable
 from harel_edge.cli.app import (
     EXIT_PROBLEM,
     Globals,
-    err,
     fail,
     handled,
     out,
@@ -31,108 +29,6 @@ from harel_edge.errors import (
     ConfigurationError,
 )
 from harel_edge.status import collect_status
-
-# ---- publish --------------------------------------------------------------------------------------
-
-
-@handled
-def publish(
-    ctx: typer.Context,
-    group: str | None = typer.Argument(None, help="The group (for a statechart: the execution id)."),
-    kind: str | None = typer.Argument(None, help="The event's kind, e.g. Pay."),
-    data: str = typer.Option("{}", "--data", "-d", help="The event's data: a JSON object."),
-    priority: int = typer.Option(0, "--priority", "-p", min=0, max=4, help="0 (default) to 4."),
-    routing_key: str | None = typer.Option(
-        None, "--routing-key", "-r", help="Only workers claiming this key take the group."
-    ),
-    event_id: str | None = typer.Option(
-        None, "--id", help="The event id (dedupe key); a new one by default. Reuse it to retry safely."
-    ),
-    create: str | None = typer.Option(
-        None,
-        "--create",
-        metavar="MACHINE",
-        help="With KIND Start: first create execution GROUP of statechart MACHINE (if it does not exist).",
-    ),
-    definitions: str | None = typer.Option(
-        None, "--definitions", "-D", help="With --create: the directory of .stm files that defines MACHINE."
-    ),
-    from_file: str | None = typer.Option(
-        None,
-        "--from",
-        metavar="FILE",
-        help="Publish every event of FILE (- for stdin) instead: NDJSON, one object a line with "
-        'group, kind and optionally data, priority, routing_key, id, create (e.g. {"group": "order-1", '
-        '"kind": "Pay", "data": {"amount": 12.5}, "id": "pay-1"}). Checked in full first, sent '
-        "2,000 to a request; give ids to make running it again safe.",
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print the published event as JSON."),
-) -> None:
-    """Append an event to a group's queue, or many with --from FILE.
-
-    The group's first message fixes its priority and routing key; `--create MACHINE -D DIR` starts an execution.
-    """
-    if from_file is not None:
-        if group is not None or kind is not None or create is not None or event_id is not None:
-            raise ConfigurationError(
-                "--from FILE takes each event's group, kind, id and create from its lines: drop GROUP, KIND, --id and --create"
-            )
-        _publish_from(ctx, from_file, definitions, as_json)
-        return
-    if group is None or kind is None:
-        raise ConfigurationError("give GROUP and KIND (e.g. harel-edge publish order-1 Pay), or --from FILE")
-    request = publishing.publish_request(
-        group,
-        kind,
-        data,
-        priority=priority,
-        routing_key=routing_key,
-        event_id=event_id,
-        create=create,
-        definitions=definitions,
-    )
-    published = publishing.publish(ctx.obj.settings(), request)
-    if as_json:
-        print(json.dumps(published.as_dict()))
-    elif published.duplicate:
-        out.print(
-            f"duplicate: {kind} {published.event_id} was already published to {group} within "
-            "HAREL_EDGE_PUBLISH_WINDOW; nothing was queued",
-            markup=False,
-        )
-    else:
-        key = f", routing key {routing_key}" if routing_key else ""
-        out.print(
-            f"published {kind} {published.event_id} to {group} (priority {priority}{key})", markup=False
-        )
-
-
-def _publish_from(ctx: typer.Context, source: str, definitions: str | None, as_json: bool) -> None:
-    """`publish --from`: read and check every line, then send them in batches behind a progress bar."""
-    if source == "-":
-        requests = publishing.read_lines(sys.stdin, "stdin", definitions=definitions)
-    else:
-        path = Path(source)
-        if not path.is_file():
-            raise ConfigurationError(f"--from {source}: no such file (give an NDJSON file, or - to read stdin)")
-        with path.open(encoding="utf-8") as lines:
-            requests = publishing.read_lines(lines, source, definitions=definitions)
-    settings = ctx.obj.settings()
-    with Progress(
-        TextColumn("publishing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True
-    ) as progress:
-        task = progress.add_task("publishing", total=len(requests))
-        done = publishing.publish_bulk(settings, requests, on_batch=lambda n: progress.advance(task, n))
-    if as_json:
-        print(json.dumps(done.as_dict()))
-        return
-    created = f", created {plural(done.created, 'execution')}" if done.created else ""
-    out.print(
-        f"published {plural(done.events, 'event')} in {plural(done.batches, 'batch', 'batches')}{created} "
-        "(an id its group already had within HAREL_EDGE_PUBLISH_WINDOW is not queued again)",
-        markup=False,
-    )
-
 
 # ---- status ---------------------------------------------------------------------------------------
 
