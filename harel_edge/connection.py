@@ -43,12 +43,12 @@ class EdgeConnection:
     """
 
     def __init__(self, settings: EdgeSettings) -> None:
+        self.settings = settings
         if settings.profile == "sqld":
             raise ConfigurationError(
                 "EdgeConnection opens a local file or an embedded replica's file; a sqld or Turso primary is "
                 "reached over Hrana: use LibsqlTransport, EdgeStore, or harel_edge.loop_thread.Statements"
             )
-        self.settings = settings
         self.profile: str = settings.profile
         self.last_sync_at: float | None = None
         self.last_sync_error: str | None = None

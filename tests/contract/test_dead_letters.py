@@ -9,9 +9,9 @@ from harel.engine.execution import Execution
 from harel.spec.states import Event
 
 from harel_edge import dead_letter
-from harel_edge.connection import EdgeConnection
 from harel_edge.executor import open_executor
-from harel_edge.migration import prepare
+from harel_edge.loop_thread import Statements
+from harel_edge.migration import prepare_database
 from harel_edge.queue import EventPath, EventTransport
 from harel_edge.store import EventStore
 from harel_edge.worker_loops import EdgeAsyncWorker
@@ -22,11 +22,7 @@ RECHECK = 5.0  # harel's suspend_recheck: how long a failed message stays parked
 
 @contextlib.asynccontextmanager
 async def event_path(settings, clock, max_deliveries=LIMIT):
-    connection = EdgeConnection(settings)
-    try:
-        prepare(connection, migrate=True)
-    finally:
-        connection.close()
+    prepare_database(settings)
     executor = open_executor(settings)
     path = EventPath(executor, settings, clock=clock)
     try:
@@ -40,11 +36,11 @@ def on_primary(settings):
     """A plain connection deciding on the primary (a replica's own file may lag it)."""
     if settings.profile == "replica":
         settings = settings.model_copy(update={"profile": "sqld", "url": settings.sync_url, "sync_url": None})
-    connection = EdgeConnection(settings)
+    primary = Statements(settings)
     try:
-        yield connection.execute
+        yield primary.execute
     finally:
-        connection.close()
+        primary.close()
 
 
 async def fail_until_buried(transport, now, limit=LIMIT):
