@@ -47,22 +47,19 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings=CONTEXT,
 )
-config_app = typer.Typer(
-    help="Inspect the configuration.", no_args_is_help=True, rich_markup_mode=None, context_settings=CONTEXT
-)
+
+
+def command_group(help_text: str) -> typer.Typer:
+    """A group of subcommands (`harel-edge GROUP ...`), shaped like the top level."""
+    return typer.Typer(help=help_text, no_args_is_help=True, rich_markup_mode=None, context_settings=CONTEXT)
+
+
+config_app = command_group("Inspect the configuration.")
 app.add_typer(config_app, name="config")
-dead_letter_app = typer.Typer(
-    help="The messages and workflows that failed too often: list, show, requeue, purge.",
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    context_settings=CONTEXT,
-)
+dead_letter_app = command_group("The messages and workflows that failed too often: list, show, requeue, purge.")
 app.add_typer(dead_letter_app, name="dead-letter")
-executions_app = typer.Typer(
-    help="The statechart executions: list them, show one (state, queued events, last error, history).",
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    context_settings=CONTEXT,
+executions_app = command_group(
+    "The statechart executions: list them, show one (state, queued events, last error, history)."
 )
 app.add_typer(executions_app, name="executions")
 

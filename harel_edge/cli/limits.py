@@ -8,14 +8,9 @@ import typer
 from rich.table import Table
 
 from harel_edge import limits
-from harel_edge.cli.app import CONTEXT, EXIT_PROBLEM, fail, handled, out
+from harel_edge.cli.app import EXIT_PROBLEM, command_group, fail, handled, out
 
-limits_app = typer.Typer(
-    help="Per-key flow control: at most N in flight, at most N claims per period, on every worker.",
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    context_settings=CONTEXT,
-)
+limits_app = command_group("Per-key flow control: at most N in flight, at most N claims per period, on every worker.")
 
 
 def _describe(limit: limits.Limit) -> str:
