@@ -33,6 +33,11 @@ for arg in "$@"; do
         *) say "unknown option $arg"; exit 2 ;;
     esac
 done
+# One build at a time (two deployments starting at once, e.g. parallel tests): the second waits,
+# then finds the image built and its hash matching.
+mkdir -p "$(dirname "$context")"
+exec 9>"$context.lock"
+flock 9
 if ! docker info >/dev/null 2>&1; then
     say "no Docker engine answers (start one with scripts/start-docker.sh)"
     exit 1
