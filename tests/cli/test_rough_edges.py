@@ -1,4 +1,4 @@
-"""The command's rough edges a new user met (issue 19), each one mended: quiet logs at info, a
+"""The command's rough edges a new user met, each one mended: quiet logs at info, a
 worker that says it started, one line per error, `--version`, choices in `--help`, a
 confirmation before a purge of everything, plurals, empty tables, no database made by a typo,
 "no token set", and an honest doctor with a read-only token."""

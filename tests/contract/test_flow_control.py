@@ -10,6 +10,7 @@ from harel.spec.states import Event
 
 from harel_edge import LibsqlTransport, limits
 from harel_edge.access import Statements, primary_settings
+from harel_edge.testing.spawned import answers
 
 VISIBILITY = 30.0
 
@@ -91,12 +92,8 @@ def test_a_concurrency_limit_of_2_holds_with_several_transports_claiming_at_once
         )
         ctx = multiprocessing.get_context("spawn")
         barrier, results = ctx.Barrier(3), ctx.Queue()
-        workers = [ctx.Process(target=_claim_in_a_process, args=(edge.peer(t.settings), barrier, results)) for _ in range(3)]
-        for worker in workers:
-            worker.start()
-        claimed = [results.get(timeout=120) for _ in workers]
-        for worker in workers:
-            worker.join(timeout=30)
+        arguments = [(edge.peer(t.settings), barrier, results) for _ in range(3)]
+        claimed = answers(ctx, _claim_in_a_process, arguments, results, timeout=120)
         assert all(isinstance(got, list) for got in claimed), claimed
         leased = [group for got in claimed for group in got]
         tenant = [group for group in leased if group.startswith("t")]

@@ -22,6 +22,7 @@ from harel_edge.executor import Stmt, open_executor
 from harel_edge.executor.remote import HranaExecutor
 from harel_edge.settings import EdgeSettings, ExplicitSettings
 from harel_edge.testing import SqldServer
+from harel_edge.testing.spawned import answers
 
 pytestmark = [pytest.mark.sqld, pytest.mark.timeout(180)]
 
@@ -148,12 +149,7 @@ def test_two_workers_starting_on_a_harel_09_queue_at_once_apply_each_version_onc
     ]
     ctx = multiprocessing.get_context("spawn")
     barrier, gate, results = ctx.Barrier(2), ctx.Barrier(2), ctx.Queue()
-    workers = [ctx.Process(target=_start, args=(config, barrier, gate, results)) for config in configs]
-    for worker in workers:
-        worker.start()
-    outcomes = [results.get(timeout=120) for _ in workers]
-    for worker in workers:
-        worker.join(timeout=30)
+    outcomes = answers(ctx, _start, [(config, barrier, gate, results) for config in configs], results, timeout=120)
     assert all(isinstance(outcome, tuple) for outcome in outcomes), outcomes
     applied = sorted(outcomes[0][0] + outcomes[1][0])
     assert applied == list(EVERY), f"each version applied once between them: {outcomes}"

@@ -18,6 +18,7 @@ from harel_edge import migration, migrations, schema
 from harel_edge.connection import EdgeConnection
 from harel_edge.errors import NotADatabaseError, SchemaError, SchemaTooNewError
 from harel_edge.settings import ExplicitSettings
+from harel_edge.testing.spawned import answers
 
 FIXTURES = Path(__file__).parent / "schemas"  # 5 and 6 as the re-converging releases left them
 LATEST = migrations.SCHEMA_VERSION
@@ -345,12 +346,7 @@ def test_two_processes_migrating_one_file_at_once_both_succeed_and_each_version_
         SOURCES[source](path)
         barrier, results = ctx.Barrier(2), ctx.Queue()
         gate = ctx.Barrier(2) if interleaving.startswith("both") else None
-        workers = [ctx.Process(target=_race, args=(str(path), barrier, gate, results)) for _ in range(2)]
-        for worker in workers:
-            worker.start()
-        outcomes = [results.get(timeout=90) for _ in workers]
-        for worker in workers:
-            worker.join(timeout=30)
+        outcomes = answers(ctx, _race, [(str(path), barrier, gate, results)] * 2, results, timeout=90)
         assert all(isinstance(o, tuple) for o in outcomes), outcomes
         assert sorted(outcomes[0] + outcomes[1]) == list(EVERY), f"each version once: {outcomes}"
         assert objects(path) == latest and user_version(path) == LATEST
