@@ -56,18 +56,24 @@ def _head(n: EdgeNames, group: str) -> str:
     return f"(SELECT MIN(seq) FROM {n.messages} WHERE group_id = {group})"
 
 
+def _publish_terms(n: EdgeNames, f: FlowNames) -> tuple[str, str, str, str, str]:
+    """What the publish view's trigger of versions 7 and 8 reads of the new row: whether its
+    event id was seen, the primary's time, its limit key, that key while limited, its lease end."""
+    seen = f"(SELECT 1 FROM {n.published} WHERE group_id = NEW.group_id AND event_id = NEW.event_id)"
+    key = "COALESCE(NEW.limit_key, NEW.routing_key)"
+    held = f"CASE WHEN EXISTS (SELECT 1 FROM {f.limits} WHERE key = {key}) THEN {key} END"
+    leased = f"CASE WHEN NEW.locked_by IS NULL OR NEW.locked_by = '{PARKED}' THEN NULL ELSE NEW.lock_expiry END"
+    return seen, f"COALESCE(NEW.now, {DB_NOW})", key, held, leased
+
+
 def flow_control_v7(prefix: str = DEFAULT_PREFIX) -> list[str]:
     """A group's limit key (by default its routing key), the same key in `held_key` while it has
     a limit (so that unlimited groups cost a claim nothing more), when its lease ends
     (`leased_until`: what counts a key's messages in flight), and whether it was ever given a
     delayed message; the limits and the rate log, and the triggers that keep them."""
     n, f = EdgeNames(prefix), FlowNames(prefix)
-    seen = f"(SELECT 1 FROM {n.published} WHERE group_id = NEW.group_id AND event_id = NEW.event_id)"
-    at = f"COALESCE(NEW.now, {DB_NOW})"
+    seen, at, key, held, leased = _publish_terms(n, f)
     until = f"COALESCE(NEW.at, {at} + NEW.delay)"  # NULL: claimable at once
-    key = "COALESCE(NEW.limit_key, NEW.routing_key)"
-    held = f"CASE WHEN EXISTS (SELECT 1 FROM {f.limits} WHERE key = {key}) THEN {key} END"
-    leased = f"CASE WHEN NEW.locked_by IS NULL OR NEW.locked_by = '{PARKED}' THEN NULL ELSE NEW.lock_expiry END"
     next_lock = (
         f"(SELECT m.lock_expiry FROM {n.messages} m WHERE m.seq = {_head(n, 'OLD.group_id')} AND m.locked_by IS NOT NULL)"
     )
@@ -172,17 +178,13 @@ def debounce_v8(prefix: str = DEFAULT_PREFIX) -> list[str]:
     pass without another publish of that key to its group; each one meanwhile replaces its event
     and pushes its time back, no later than `max_wait` after the burst's first publish."""
     n, f = EdgeNames(prefix), FlowNames(prefix)
-    seen = f"(SELECT 1 FROM {n.published} WHERE group_id = NEW.group_id AND event_id = NEW.event_id)"
-    at = f"COALESCE(NEW.now, {DB_NOW})"
+    seen, at, key, held, leased = _publish_terms(n, f)
     until = f"COALESCE(NEW.at, {at} + NEW.delay, {at} + NEW.debounce)"  # NULL: claimable at once
-    key = "COALESCE(NEW.limit_key, NEW.routing_key)"
-    held = f"CASE WHEN EXISTS (SELECT 1 FROM {f.limits} WHERE key = {key}) THEN {key} END"
     # The burst's message waiting: published with this key, parked, never claimed.
     pending = (
         f"NEW.debounce_key IS NOT NULL AND group_id = NEW.group_id AND debounce_key = NEW.debounce_key"
         f" AND locked_by = '{PARKED}' AND claimed_at IS NULL"
     )
-    leased = f"CASE WHEN NEW.locked_by IS NULL OR NEW.locked_by = '{PARKED}' THEN NULL ELSE NEW.lock_expiry END"
     return [
         f"ALTER TABLE {n.messages} ADD COLUMN debounce_key TEXT",
         f"ALTER TABLE {n.messages} ADD COLUMN first_at REAL",

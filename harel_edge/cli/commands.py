@@ -9,7 +9,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -117,21 +117,12 @@ def status(
         out.print(table)
     counts = report.executions
     if counts is not None:
-        failed = counts.get("failed", 0)
         shown = ", ".join(f"{count} {status}" for status, count in sorted(counts.items())) or "none"
-        out.print(
-            f"executions: {shown}"
-            + (" (`harel-edge executions list --state failed` shows the failed ones)" if failed else ""),
-            markup=False,
-        )
+        _counted(out, f"executions: {shown}", counts.get("failed", 0), "executions list --state failed` shows the failed ones")
     dead = report.dead_letters
     if dead is not None:
-        total = dead["messages"] + dead["workflows"]
-        out.print(
-            f"dead letters: {plural(dead['messages'], 'message')}, {plural(dead['workflows'], 'workflow')}"
-            + (" (`harel-edge dead-letter list` shows them)" if total else ""),
-            markup=False,
-        )
+        shown = f"{plural(dead['messages'], 'message')}, {plural(dead['workflows'], 'workflow')}"
+        _counted(out, f"dead letters: {shown}", dead["messages"] + dead["workflows"], "dead-letter list` shows them")
     replica = report.replica
     if replica is not None:
         lag = replica.lag_seconds
@@ -155,6 +146,11 @@ def status(
 
 
 @handled
+def _counted(out: Any, line: str, notable: int, hint: str) -> None:
+    """A status line, with the command that shows more when there is something to see."""
+    out.print(line + (f" (`harel-edge {hint})" if notable else ""), markup=False)
+
+
 def migrate(
     ctx: typer.Context,
     print_sql: bool = typer.Option(False, "--print-sql", help="Print the schema versions as SQL; change nothing."),

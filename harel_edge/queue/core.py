@@ -16,8 +16,9 @@ from harel.engine.transport import Lease
 from harel.spec.states import Event
 
 from harel_edge import observability
+from harel_edge.executor import Stmt
 from harel_edge.queue import statements as sql
-from harel_edge.queue.leases import Clock, EventPath, LeaseKey
+from harel_edge.queue.leases import Clock, EventPath, LeaseKey, Ride
 from harel_edge.queue.statements import BATCH_ROWS, Message
 
 log = structlog.get_logger("harel_edge.transport")
@@ -55,12 +56,18 @@ class EventTransport:
         self._routing_keys = tuple(path.settings.routing_keys if routing_keys is None else routing_keys)
         self._buffer: deque[Lease] = deque()
         self._buffer_for: tuple | None = None
+        self._wanted: tuple | None = None  # the last claim's arguments, for a claim a commit carries
         self._sql: dict[tuple[bool, bool, bool], str] = {}
         self._limited = 0  # claims left to make with the statement that reads the limits
 
     @property
     def held(self) -> dict[LeaseKey, Lease]:
         return self.path.held
+
+    @property
+    def buffered(self) -> int:
+        """Leases claimed ahead and not yet handed out."""
+        return len(self._buffer)
 
     @property
     def clock(self) -> Clock | None:
@@ -118,6 +125,7 @@ class EventTransport:
         priority >= `min_priority` and (if any are given) one of `routing_keys`; None if none."""
         keys = tuple(self._routing_keys if routing_keys is None else routing_keys)
         wanted = (worker_id, visibility, min_priority, keys)
+        self._wanted = wanted
         if self._buffer and self._buffer_for == wanted:
             return self._buffer.popleft()
         # The free slots: leases held (buffered ones included) count against `concurrency`.
@@ -182,9 +190,13 @@ class EventTransport:
             extra = self._returning(with_execution, after_trigger=True)
             return (await self.path.execute(sql.leased_sql(self.path.queue, extra), token)).rows or None
 
-        rows = sorted(await self.path.run("claim", attempt, resolve), key=lambda row: row[0])
+        return await self._take(await self.path.run("claim", attempt, resolve), token, with_execution)
+
+    async def _take(self, rows: list[tuple], token: str, with_execution: bool) -> tuple[list[Lease], int]:
+        """The leases a claim's rows hand out, held by this path; the messages over
+        `max_deliveries` are buried instead (the count of those is the second value)."""
         leases, buried = [], 0
-        for row in rows:
+        for row in sorted(rows, key=lambda row: row[0]):
             lease = sql.lease_from_row(row[:3], token)
             deliveries = int(row[-1] or 0)
             if self.max_deliveries and deliveries > self.max_deliveries:
@@ -197,6 +209,33 @@ class EventTransport:
                 self.path.hold(lease, deliveries=deliveries)
             leases.append(lease)
         return leases, buried
+
+    def ride(self) -> Ride | None:
+        """The claim a commit that acks one of this transport's leases carries for the slot it
+        frees, when the next `claim` would make it anyway (a worker taking one event at a time):
+        one exchange an event instead of two. None when the buffer or the free slots say no."""
+        if self._wanted is None or self._buffer:
+            return None
+        free = self.concurrency - len(self.path.held) + 1  # the lease the commit acks frees one
+        if free < 1:
+            return None
+        wanted = worker_id, visibility, min_priority, keys = self._wanted
+        token, params = sql.claim_params(worker_id, visibility, min_priority, keys, self.path.now())
+        # The statement that reads the limits: the one that skips them fails once one is set, and
+        # here that would fail the commit it rides with.
+        statement = Stmt(self._claim_statement(bool(keys), True, True), (*params, free))
+        lookup = Stmt(sql.leased_sql(self.path.queue, self._returning(True, after_trigger=True)), (token,))
+
+        async def take(rows: list[tuple]) -> None:
+            leases, _ = await self._take(rows, token, True)
+            if leases:
+                observability.CLAIMS.inc(len(leases))
+                if self._report is not None:
+                    self._report.claims += len(leases)
+                self._buffer.extend(leases)
+                self._buffer_for = wanted
+
+        return Ride(statement, lookup, take)
 
     def _claim_statement(self, keyed: bool, with_execution: bool, limited: bool) -> str:
         statement = self._sql.get((keyed, with_execution, limited))
@@ -376,11 +415,13 @@ class EventTransport:
         """Messages in the queue, in flight and parked included."""
         return int((await self.path.execute(sql.depth_sql(self.path.queue))).rows[0][0])
 
-    async def release_held(self) -> int:
-        """Give back every lease not yet settled (at shutdown, after cancelling its handler)."""
+    async def release_held(self, *, buffered_only: bool = False) -> int:
+        """Give back every lease not yet settled (at shutdown, after cancelling its handler), or
+        only those claimed ahead and not yet handed out (`buffered_only`, at close)."""
+        leases = list(self._buffer) if buffered_only else list(self.path.held.values())
         self._buffer.clear()
         released = 0
-        for lease in list(self.path.held.values()):
+        for lease in leases:
             try:
                 if await self.nack(lease):
                     released += 1

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from harel_edge.queue.core import EventTransport
 from harel_edge.queue.leases import Clock, EventPath
 from harel_edge.queue.statements import Message
 from harel_edge.settings import EdgeSettings, settings_for_database
+
+GIVE_BACK_SECONDS = 2.0  # how long a closing transport tries to give back the leases it claimed ahead
 
 
 class AsyncLibsqlTransport(EventTransport):
@@ -81,8 +84,15 @@ class AsyncLibsqlTransport(EventTransport):
         return (await self.path.execute(statement, *params)).rows
 
     async def close(self) -> None:
-        """Send what is queued, then close the connections."""
-        await self.path.executor.aclose()
+        """Give back the leases claimed ahead and not handed out (their groups would wait for
+        them to lapse), send what is queued, then close the connections."""
+        try:
+            if self.buffered and not self.path.executor.closed:
+                # Best effort, bounded: a lease not given back lapses by itself.
+                with contextlib.suppress(Exception, asyncio.TimeoutError):
+                    await asyncio.wait_for(self.release_held(buffered_only=True), GIVE_BACK_SECONDS)
+        finally:
+            await self.path.executor.aclose()
 
 
 class LibsqlTransport(SyncFace):

@@ -5,7 +5,8 @@ The claim brings each message's execution; the store's commit carries the messag
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from harel.engine.schema import Names
@@ -18,6 +19,16 @@ from harel_edge.settings import EdgeSettings
 
 Clock = Callable[[], float]
 LeaseKey = tuple[int, str | None]
+
+
+@dataclass(frozen=True)
+class Ride:
+    """A claim that goes inside a commit's unit of work: its statement, the look-up of what it
+    leased (after an ambiguous commit), and what to do with the rows either gives."""
+
+    statement: Stmt
+    lookup: Stmt
+    take: Callable[[list[tuple]], Awaitable[None]]
 
 
 class EventPath:
@@ -36,6 +47,8 @@ class EventPath:
         self.acked_by_commit: dict[LeaseKey, bool] = {}
         self.deliveries: dict[LeaseKey, int] = {}  # which delivery of its message a lease is
         self.failures: dict[LeaseKey, str] = {}  # a handling failure, for the nack to record
+        # The transport's next claim, for a commit to carry (`EventTransport.ride`); None: none rides.
+        self.next_claim: Callable[[], Ride | None] | None = None
 
     def now(self) -> float | None:
         return self.clock() if self.clock is not None else None

@@ -14,7 +14,7 @@ from harel.engine.transport import Lease
 from harel.spec.states import Event
 
 from harel_edge.executor import Result, StatementError, Stmt
-from harel_edge.queue.leases import EventPath
+from harel_edge.queue.leases import EventPath, Ride
 from harel_edge.queue.statements import ack_statement, lock_of_sql
 from harel_edge.store import statements as store_sql
 
@@ -136,9 +136,15 @@ class EventStore:
         if trace is not None:
             stmts.extend(self._trace_stmts(exe.id, trace))
         lease = self.path.by_event.get((exe.id, processed_event_id)) if processed_event_id else None
+        ride = None
         if lease is not None:
             stmts.append(ack_statement(self.path.queue, lease))
-        results = await self._write_unit(exe, stmts, "store.commit", emits=emits, lease=lease)
+            ride = self.path.next_claim() if self.path.next_claim is not None else None
+            if ride is not None:
+                stmts.append(ride.statement)
+        results = await self._write_unit(exe, stmts, "store.commit", emits=emits, lease=lease, ride=ride)
+        if ride is not None:
+            await ride.take(results.pop().rows)
         if lease is not None:
             self.path.acked_by_commit[(lease.seq, lease.token)] = bool(results[-1].rows)
         return [int(r.rows[0][0]) for r in results[: len(emits)]]
@@ -215,11 +221,18 @@ class EventStore:
         return stmts
 
     async def _write_unit(
-        self, exe: Execution, rest: list[Stmt], operation: str, *, emits: list = (), lease: Lease | None = None
+        self,
+        exe: Execution,
+        rest: list[Stmt],
+        operation: str,
+        *,
+        emits: list = (),
+        lease: Lease | None = None,
+        ride: Ride | None = None,
     ) -> list[Result]:
         """Write `exe` one version on (compare-and-set on its version) with `rest`, as one
-        transaction; returns the results of `rest`. A lost outcome is looked up: the row holds
-        exactly what was sent."""
+        transaction; returns the results of `rest` (which ends with `lease`'s ack, then `ride`'s
+        claim, when given). A lost outcome is looked up: the row holds exactly what was sent."""
         n = self._n
         old = exe.version
         data = exe.model_copy(update={"version": old + 1}).model_dump_json()
@@ -256,9 +269,11 @@ class EventStore:
                 ).rows
                 results.append(Result(rows=found or [(0,)]))
             results.extend(Result() for _ in rest[len(emits) :])
+            if ride is not None:  # what the claim that rode with the commit leased
+                results[-1] = await self.path.executor.execute(ride.lookup)
             if lease is not None:  # the commit landed, and with it the ack, if the lease still held
                 gone = await self._message_gone(lease)
-                results[-1] = Result(rows=[(lease.seq,)] if gone else [])
+                results[-2 if ride is not None else -1] = Result(rows=[(lease.seq,)] if gone else [])
             return results
 
         results = await self.path.run(operation, attempt, resolve)

@@ -76,7 +76,9 @@ class EdgeStore(SyncFace):
         if transport is not None:
             self.settings = transport.settings
             core = transport.core
-            core.prefetch, core.concurrency = True, 1  # the execution with each claim, one lease at a time
+            # The execution with each claim, one lease at a time, and each commit carries the next claim.
+            core.prefetch, core.concurrency = True, 1
+            core.path.next_claim = core.ride
             self._core: EventStore = self._start_beside(transport, _beside(core.path, create_schema))
             return
         self.settings = settings or EdgeSettings.load()

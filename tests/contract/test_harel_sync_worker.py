@@ -131,3 +131,43 @@ def test_harels_sync_worker_on_the_sync_faces_delivers_every_order_applying_each
         processed = store.execute(f"SELECT count(*), count(DISTINCT event_id) FROM {settings.prefix}_processed_events")
         assert processed == [(ORDERS * len(STEPS), ORDERS * len(STEPS))]
     assert sorted(packed) == [amount(i) for i in range(ORDERS)], "each order packed once, on its Ship"
+
+
+def test_with_the_store_on_the_transports_core_each_event_costs_one_exchange_its_commit_carrying_the_next_claim(edge):
+    definitions = load_definitions(str(EXAMPLES))
+    settings = edge.settings()
+    seed(settings)
+    store, transport = faces(settings, paired=True)
+    with transport, store:
+        worker = Worker(store, transport, definitions, worker_id="one", execution="inline")
+        assert worker.step() is True  # the first claim is an exchange of its own
+        executor = transport.core.path.executor
+        before = executor.exchanges
+        steps = 0
+        while worker.step():
+            steps += 1
+        handled = executor.exchanges - before
+        assert steps == ORDERS * len(STEPS) - 1
+        # Each step's commit carried its ack and the next claim; the last claim found nothing.
+        assert handled == steps + 1, f"{handled} exchanges for {steps} events"
+        assert transport.depth() == 0
+
+
+def test_a_closing_transport_gives_back_the_lease_its_last_commit_claimed_ahead(edge):
+    definitions = load_definitions(str(EXAMPLES))
+    settings = edge.settings()
+    with EdgeStore(settings) as seeding:
+        for group in ("a", "b"):
+            seeding.save(Execution(id=group, definition_id="order"))
+    with LibsqlTransport(settings=settings) as publisher:
+        publisher.publish("a", Event(kind="Start"))
+        publisher.publish("b", Event(kind="Start"))
+    store, transport = faces(settings, paired=True)
+    with transport, store:
+        assert Worker(store, transport, definitions, worker_id="one", execution="inline").step() is True
+        assert transport.core.buffered == 1, "the commit claimed the other group's head ahead"
+    with LibsqlTransport(settings=settings) as other:
+        lease = other.claim("two", 30)
+        assert lease is not None and lease.event.kind == "Start", "given back at close, not left to lapse"
+        assert other.ack(lease) is True
+        assert other.depth() == 0
