@@ -221,10 +221,16 @@ class EventTransport:
             return None
         wanted = worker_id, visibility, min_priority, keys = self._wanted
         token, params = sql.claim_params(worker_id, visibility, min_priority, keys, self.path.now())
-        # The statement that reads the limits: the one that skips them fails once one is set, and
-        # here that would fail the commit it rides with.
-        statement = Stmt(self._claim_statement(bool(keys), True, True), (*params, free))
+        limited, self._limited = self._limited > 0, max(self._limited - 1, 0)  # as `_claim_once`
+        statement = Stmt(self._claim_statement(bool(keys), True, limited), (*params, free))
         lookup = Stmt(sql.leased_sql(self.path.queue, self._returning(True, after_trigger=True)), (token,))
+
+        def refused(exc: BaseException) -> bool:
+            """The claim failed its commit because a limit is now set: claims read them from now on."""
+            if limited or not sql.limits_were_set(exc):
+                return False
+            self._limited = LIMITED_CLAIMS
+            return True
 
         async def take(rows: list[tuple]) -> None:
             leases, _ = await self._take(rows, token, True)
@@ -235,7 +241,7 @@ class EventTransport:
                 self._buffer.extend(leases)
                 self._buffer_for = wanted
 
-        return Ride(statement, lookup, take)
+        return Ride(statement, lookup, take, refused)
 
     def _claim_statement(self, keyed: bool, with_execution: bool, limited: bool) -> str:
         statement = self._sql.get((keyed, with_execution, limited))

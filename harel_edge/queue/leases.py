@@ -24,11 +24,13 @@ LeaseKey = tuple[int, str | None]
 @dataclass(frozen=True)
 class Ride:
     """A claim that goes inside a commit's unit of work: its statement, the look-up of what it
-    leased (after an ambiguous commit), and what to do with the rows either gives."""
+    leased (after an ambiguous commit), what to do with the rows either gives, and whether an
+    error of the commit was the claim's own refusal (then the commit goes again without it)."""
 
     statement: Stmt
     lookup: Stmt
     take: Callable[[list[tuple]], Awaitable[None]]
+    refused: Callable[[BaseException], bool]
 
 
 class EventPath:

@@ -142,7 +142,14 @@ class EventStore:
             ride = self.path.next_claim() if self.path.next_claim is not None else None
             if ride is not None:
                 stmts.append(ride.statement)
-        results = await self._write_unit(exe, stmts, "store.commit", emits=emits, lease=lease, ride=ride)
+        try:
+            results = await self._write_unit(exe, stmts, "store.commit", emits=emits, lease=lease, ride=ride)
+        except StatementError as exc:
+            if ride is None or not ride.refused(exc):
+                raise
+            stmts.pop()  # nothing of the unit was applied: once more, without the claim
+            ride = None
+            results = await self._write_unit(exe, stmts, "store.commit", emits=emits, lease=lease)
         if ride is not None:
             await ride.take(results.pop().rows)
         if lease is not None:

@@ -171,3 +171,29 @@ def test_a_closing_transport_gives_back_the_lease_its_last_commit_claimed_ahead(
         assert lease is not None and lease.event.kind == "Start", "given back at close, not left to lapse"
         assert other.ack(lease) is True
         assert other.depth() == 0
+
+
+def test_a_limit_set_while_the_worker_runs_refuses_the_claim_a_commit_carries_and_the_commit_goes_again_without_it(edge):
+    from harel_edge.limits import set_key_limit  # noqa: PLC0415
+
+    definitions = load_definitions(str(EXAMPLES))
+    settings = edge.settings()
+    seed(settings)
+    store, transport = faces(settings, paired=True)
+    with transport, store:
+        worker = Worker(store, transport, definitions, worker_id="one", execution="inline")
+        assert worker.step() is True and transport.core.buffered == 1
+        # The claim the next commit carries was built to skip the limits: it fails once one is set.
+        set_key_limit(settings, "some-tenant", concurrency=3)
+        executor = transport.core.path.executor
+        before = executor.exchanges
+        assert worker.step() is True
+        assert executor.exchanges == before + 2, "the commit was refused with its claim, then went alone"
+        steps = 2
+        while worker.step():
+            steps += 1
+        assert steps == ORDERS * len(STEPS)
+        assert transport.depth() == 0
+        for i in range(ORDERS):
+            exe = store.load(f"order-{i:03d}")
+            assert exe.status == Status.DONE and exe.version == 1 + len(STEPS), "each event applied once"
