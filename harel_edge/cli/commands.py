@@ -145,12 +145,12 @@ def status(
 # ---- migrate --------------------------------------------------------------------------------------
 
 
-@handled
 def _counted(out: Any, line: str, notable: int, hint: str) -> None:
     """A status line, with the command that shows more when there is something to see."""
     out.print(line + (f" (`harel-edge {hint})" if notable else ""), markup=False)
 
 
+@handled
 def migrate(
     ctx: typer.Context,
     print_sql: bool = typer.Option(False, "--print-sql", help="Print the schema versions as SQL; change nothing."),

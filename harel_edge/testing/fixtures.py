@@ -89,6 +89,13 @@ def sqld_primary() -> Iterator[SqldServer]:
     yield from _primary()
 
 
+@pytest.fixture(scope="module")
+def module_sqld_primary() -> Iterator[SqldServer]:
+    """A sqld primary shared by one test module: a start for many tests, and a shorter log for
+    each new embedded replica to replay than a primary shared by the whole run."""
+    yield from _primary()
+
+
 @pytest.fixture
 def fresh_sqld_primary() -> Iterator[SqldServer]:
     """A sqld primary of this test alone: empty, and free to be killed, paused or restarted."""
@@ -121,7 +128,9 @@ def sqld_backend(request: pytest.FixtureRequest) -> str:
     return backend
 
 
-SQLD_FIXTURES = frozenset({"sqld_primary", "fresh_sqld_primary", "sqld_replica_node", "sqld_backend"})
+SQLD_FIXTURES = frozenset(
+    {"sqld_primary", "module_sqld_primary", "fresh_sqld_primary", "sqld_replica_node", "sqld_backend"}
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,14 +1,15 @@
 """Fixtures for the command's tests: where a test's data lives, on each profile.
 
-`place` is a local file always, and a fresh sqld primary of the test's own for sqld and replica
-(a new embedded replica replays its primary's whole log, so a shared primary would make every
-later replica test slower). `cli_helpers` runs the command itself.
+`place` is a local file always, and for sqld and replica a primary shared by the test module,
+each test under a table prefix of its own (a new embedded replica replays its primary's whole
+log, so one primary for the whole run would make every later replica test slower).
+`cli_helpers` runs the command itself.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ class Place:
     profile: str
     tmp_path: Path
     server: Any = None
+    prefix: str = field(default_factory=lambda: f"c{next(_counter)}")
 
     def settings(self, **overrides: Any) -> EdgeSettings:
         return ExplicitSettings.load(**{**self.values(), **overrides})
@@ -40,9 +42,10 @@ class Place:
         if self.profile == "local":
             return {"profile": "local", "db_path": str(self.tmp_path / f"local{n}.db")}
         if self.profile == "sqld":
-            return {"profile": "sqld", "url": self.server.http_url, "auth_token": self.server.rw_token}
+            return {"profile": "sqld", "url": self.server.http_url, "auth_token": self.server.rw_token, "prefix": self.prefix}
         return {
             "profile": "replica",
+            "prefix": self.prefix,
             "db_path": str(self.tmp_path / f"replica{n}.db"),
             "sync_url": self.server.http_url,
             "auth_token": self.server.rw_token,
@@ -51,5 +54,5 @@ class Place:
 
 @pytest.fixture(params=PROFILES)
 def place(request: pytest.FixtureRequest, tmp_path: Path) -> Place:
-    server = request.getfixturevalue("fresh_sqld_primary") if request.param != "local" else None
+    server = request.getfixturevalue("module_sqld_primary") if request.param != "local" else None
     return Place(request.param, tmp_path, server)

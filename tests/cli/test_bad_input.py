@@ -371,13 +371,15 @@ def replica_env(server, path: Path, **overrides) -> dict[str, str]:
     return env_for({**values, **overrides})
 
 
-@pytest.fixture
-def stored(fresh_sqld_primary, tmp_path):
-    """A primary holding one message, published through the command."""
+@pytest.fixture(scope="module")
+def stored(module_sqld_primary, tmp_path_factory):
+    """A primary holding one message, published through the command; shared by the module's
+    tests, each of which compares the primary's rows before and after its own command."""
+    tmp_path = tmp_path_factory.mktemp("stored")
     assert (
-        run(["publish", "kept", "Stored", "-r", "eu"], sqld_env(fresh_sqld_primary), tmp_path).returncode == 0
+        run(["publish", "kept", "Stored", "-r", "eu"], sqld_env(module_sqld_primary), tmp_path).returncode == 0
     )
-    return fresh_sqld_primary
+    return module_sqld_primary
 
 
 # Which command meets which profile: every command is covered, without running them all on both.
@@ -451,9 +453,9 @@ def test_an_unreachable_primary_is_reported_as_such(args, profile, stored, tmp_p
     assert not (tmp_path / "r.db").exists()
 
 
-def test_a_stopped_primary_is_reported_as_unreachable_and_doctor_says_what_to_check(stored, tmp_path):
-    env = sqld_env(stored)
-    stored.stop()
+def test_a_stopped_primary_is_reported_as_unreachable_and_doctor_says_what_to_check(fresh_sqld_primary, tmp_path):
+    env = sqld_env(fresh_sqld_primary)
+    fresh_sqld_primary.stop()
     assert_refused(run(["publish", "g", "E"], env, tmp_path), 3, "cannot reach the primary")
     result = run(["doctor"], env, tmp_path)
     assert (

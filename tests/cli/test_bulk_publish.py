@@ -25,7 +25,9 @@ def _lines(count: int, groups: int = 7) -> list[str]:
 
 def _queued(settings) -> list[tuple]:
     with LibsqlTransport(settings=settings) as transport:
-        return transport.execute("SELECT group_id, json_extract(event, '$.data.i') FROM harel_transport_messages ORDER BY seq")
+        return transport.execute(
+            f"SELECT group_id, json_extract(event, '$.data.i') FROM {settings.prefix}_transport_messages ORDER BY seq"
+        )
 
 
 def test_publish_from_a_file_queues_every_line_in_order_in_batches_and_running_it_again_queues_nothing_more(place, tmp_path):
