@@ -19,6 +19,7 @@ Each run prints its counts (pytest -s shows them) and the assertion messages car
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import multiprocessing
@@ -49,6 +50,7 @@ DEADLINE = 420.0  # seconds: a hang guard for the whole run, not a timing assert
 # waiting for the killed transaction's lock: the run's length fed on itself (90 s alone, 260 s
 # beside other tests). The bound makes the number of faults the same on any machine.
 MOST_OUTSIDE_KILLS = 12
+KILL_WITHIN = 30  # a worker told to kill itself does so inside one of its first this many effects
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -56,18 +58,18 @@ pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 # ---- the worker process ----------------------------------------------------------------------
 
 
-def worker_main(settings: dict, seed: int, kill_rate: float, kills_log: str, designs_log: str) -> None:
-    """A worker process: run passes until killed."""
+def worker_main(settings: dict, seed: int, kill_at: int | None, kills_log: str, designs_log: str) -> None:
+    """A worker process: run passes until killed (by itself inside its `kill_at`-th effect, if given)."""
     logging.basicConfig(level=logging.ERROR)
     if settings["profile"] == "replica":  # every worker process has an embedded replica of its own
         settings = settings | {
             "db_path": str(Path(settings["db_path"]).with_name(f"replica-{os.getpid()}.db"))
         }
-    asyncio.run(_work(EdgeSettings(**settings), random.Random(seed), kill_rate, kills_log, designs_log))
+    asyncio.run(_work(EdgeSettings(**settings), random.Random(seed), kill_at, kills_log, designs_log))
 
 
 async def _work(
-    settings: EdgeSettings, rng: random.Random, kill_rate: float, kills_log: str, designs_log: str
+    settings: EdgeSettings, rng: random.Random, kill_at: int | None, kills_log: str, designs_log: str
 ) -> None:
     from harel_edge.durable import LibsqlCheckpointer, LibsqlDurable, LibsqlScheduler, connect
     from harel_edge.durable.runtime import DurableWorker
@@ -85,12 +87,15 @@ async def _work(
             log.write(point + "\n")
         os.kill(os.getpid(), signal.SIGKILL)
 
+    effects = itertools.count(1)
+
     def effect_of(workflow: str, step: str):  # noqa: ANN202
         def effect(tx):  # noqa: ANN001, ANN202
-            roll = rng.random() / kill_rate if kill_rate else 1.0
-            if roll < 1 / 3:
+            # Where this process dies, if this is the effect it dies in: one of three points.
+            roll = rng.randrange(3) if next(effects) == kill_at else 3
+            if roll < 1:
                 die("before the effect's write")
-            if roll < 2 / 3:
+            if roll < 2:
                 with open(kills_log, "a") as log:
                     log.write("timer: record, COMMIT or just after\n")
                 threading.Timer(rng.uniform(0, 0.005), os.kill, (os.getpid(), signal.SIGKILL)).start()
@@ -98,7 +103,7 @@ async def _work(
                 "INSERT INTO chaos_effects (workflow, step, pid) VALUES (?, ?, ?)",
                 (workflow, step, os.getpid()),
             )
-            if roll < 1:
+            if roll < 3:
                 die("after the effect's write, before the record")
             return step
 
@@ -154,14 +159,16 @@ def run_chaos(
     settings: EdgeSettings,
     tmp_path: Path,
     *,
-    kill_rate: float,
+    self_kills: int,
     outside_kills: tuple[float, float],
     primary=None,  # noqa: ANN001
 ) -> dict:
     """Run the workload to completion under faults; return the counts.
 
-    `outside_kills` is the range of seconds between two workers killed by the test (at most
-    MOST_OUTSIDE_KILLS of them).
+    Each worker started while fewer than `self_kills` have killed themselves is told to kill
+    itself inside one of its first KILL_WITHIN effects, so the run has at least that many (a
+    count, not a rate: on sqld each costs the 5 s lock timeout). `outside_kills` is the range of
+    seconds between two workers killed by the test (at most MOST_OUTSIDE_KILLS of them).
     """
     from harel_edge.durable import LibsqlScheduler, connect, migrate
 
@@ -188,11 +195,15 @@ def run_chaos(
     }
     tally = Tally()
     workers: dict[int, multiprocessing.Process] = {}
+    dooming: dict[int, bool] = {}  # which slot's worker was told to kill itself
 
     def spawn(slot: int) -> None:
+        told = sum(1 for other, doomed in dooming.items() if doomed and other != slot)
+        dooming[slot] = tally.self_kills + told < self_kills
+        kill_at = rng.randint(1, KILL_WITHIN) if dooming[slot] else None
         process = context.Process(
             target=worker_main,
-            args=(payload, rng.randrange(2**32), kill_rate, kills_log, designs_log),
+            args=(payload, rng.randrange(2**32), kill_at, kills_log, designs_log),
             daemon=False,
         )
         process.start()
@@ -353,7 +364,7 @@ def test_every_effect_happens_exactly_once_when_workers_are_killed_inside_transa
     tmp_path,
 ) -> None:  # noqa: ANN001
     settings = EdgeSettings(db_path=str(tmp_path / "chaos.db"))
-    _assert_exactly_once(run_chaos(settings, tmp_path, kill_rate=0.04, outside_kills=(0.5, 2.0)))
+    _assert_exactly_once(run_chaos(settings, tmp_path, self_kills=20, outside_kills=(0.5, 2.0)))
 
 
 @pytest.mark.sqld
@@ -365,7 +376,7 @@ def test_every_effect_happens_exactly_once_on_sqld_with_workers_killed_and_the_p
         settings = EdgeSettings(profile="sqld", url=server.http_url, auth_token=server.rw_token)
         # Fewer kills from outside than locally: a worker killed inside a transaction leaves it
         # holding sqld's write lock until sqld aborts it (5 s), and every writer waits meanwhile.
-        summary = run_chaos(settings, tmp_path, kill_rate=0.03, outside_kills=(2.0, 4.0), primary=server)
+        summary = run_chaos(settings, tmp_path, self_kills=10, outside_kills=(2.0, 4.0), primary=server)
         _assert_exactly_once(summary)
         _assert_primary_faults(summary)
     finally:
@@ -384,7 +395,7 @@ def test_every_effect_happens_exactly_once_through_embedded_replicas_with_worker
             auth_token=server.rw_token,
             db_path=str(tmp_path / "replica.db"),
         )
-        summary = run_chaos(settings, tmp_path, kill_rate=0.03, outside_kills=(2.0, 4.0), primary=server)
+        summary = run_chaos(settings, tmp_path, self_kills=10, outside_kills=(2.0, 4.0), primary=server)
         _assert_exactly_once(summary)
         _assert_primary_faults(summary)
     finally:

@@ -9,15 +9,16 @@ import pytest
 
 from harel_edge.executor import StatementError, Stmt, open_executor
 
+# Each test's own tables (its settings' prefix): the module's tests share one primary.
 SETUP = [
-    "CREATE TABLE t (x INTEGER PRIMARY KEY)",
-    "INSERT INTO t VALUES (0)",
-    "CREATE TABLE refused (x)",
-    "CREATE TRIGGER refuse BEFORE INSERT ON refused BEGIN SELECT RAISE(ROLLBACK, 'refused by its trigger'); END",
+    "CREATE TABLE {p}_t (x INTEGER PRIMARY KEY)",
+    "INSERT INTO {p}_t VALUES (0)",
+    "CREATE TABLE {p}_refused (x)",
+    "CREATE TRIGGER {p}_refuse BEFORE INSERT ON {p}_refused BEGIN SELECT RAISE(ROLLBACK, 'refused by its trigger'); END",
 ]
 ROLLS_BACK = {
-    "INSERT OR ROLLBACK": Stmt("INSERT OR ROLLBACK INTO t VALUES (0)"),
-    "a trigger's RAISE(ROLLBACK)": Stmt("INSERT INTO refused VALUES (1)"),
+    "INSERT OR ROLLBACK": "INSERT OR ROLLBACK INTO {p}_t VALUES (0)",
+    "a trigger's RAISE(ROLLBACK)": "INSERT INTO {p}_refused VALUES (1)",
 }
 
 
@@ -26,22 +27,25 @@ ROLLS_BACK = {
 def test_a_unit_that_rolls_back_the_transaction_fails_alone_and_every_other_unit_of_its_commit_is_applied(edge, bad, alone):
     settings = edge.settings(commit_linger=0.001)
 
+    p = settings.prefix
+    t, rolls_back = f"{p}_t", Stmt(ROLLS_BACK[bad].format(p=p))
+
     async def main():
         executor = open_executor(settings)
         try:
             for sql in SETUP:
-                await executor.execute(Stmt(sql))
+                await executor.execute(Stmt(sql.format(p=p)))
             before = executor.exchanges
 
             def good(i: int):
-                return executor.transaction([Stmt("INSERT INTO t VALUES (?)", (i,)), Stmt("SELECT count(*) FROM t")])
+                return executor.transaction([Stmt(f"INSERT INTO {t} VALUES (?)", (i,)), Stmt(f"SELECT count(*) FROM {t}")])
 
             units = [good(i) for i in range(1, 6)]
-            units.append(executor.execute(ROLLS_BACK[bad]) if alone else executor.transaction([Stmt("INSERT INTO t VALUES (100)"), ROLLS_BACK[bad]]))
+            units.append(executor.execute(rolls_back) if alone else executor.transaction([Stmt(f"INSERT INTO {t} VALUES (100)"), rolls_back]))
             units.extend(good(i) for i in range(6, 11))
             answers = await asyncio.gather(*units, return_exceptions=True)
             exchanges = executor.exchanges - before
-            rows = (await executor.execute(Stmt("SELECT x FROM t ORDER BY x"))).rows
+            rows = (await executor.execute(Stmt(f"SELECT x FROM {t} ORDER BY x"))).rows
             return answers, exchanges, rows
         finally:
             await executor.aclose()
