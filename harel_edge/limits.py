@@ -1,5 +1,5 @@
 """Flow-control limits per key, kept on the primary in `<prefix>_transport_limits`, which every
-claim reads in its own statement: `harel-edge limits` runs these (docs/transport.md, "Flow control").
+claim reads in its own statement: `harel-edge limits` runs these (docs/flow-control.md).
 
 A key is a group's `limit_key` (given at its first publish; by default its routing key). A
 concurrency limit bounds the key's messages in flight (a lease that lapsed no longer counts); a

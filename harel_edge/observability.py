@@ -44,6 +44,13 @@ QUEUE_DEPTH = Gauge(
     "Messages in the queue, by priority and state (ready, in_flight, parked), as last sampled.",
     ["priority", "state"],
 )
+HELD_BACK = Gauge(
+    "harel_edge_held_back_groups",
+    "Groups with a message waiting that no worker may claim yet, by why: behind a head that waits "
+    "for its time (reason=waiting_head: delayed, debounced or parked) or a key at its limit "
+    "(reason=limit), as last sampled.",
+    ["reason"],
+)
 WORKFLOW_STEPS = Counter(
     "harel_edge_workflow_steps",
     "Durable-workflow steps recorded by this process (step, transact or sleep deadline).",

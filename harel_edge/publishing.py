@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from harel_edge.access import check_writable
 from harel_edge.errors import ConfigurationError
 from harel_edge.inspection import raise_missing
 from harel_edge.queue import LibsqlTransport, Message
-from harel_edge.queue.statements import BATCH_ROWS
+from harel_edge.queue.statements import BATCH_ROWS, message_row
 from harel_edge.schema import EdgeNames
 from harel_edge.settings import EdgeSettings
 from harel_edge.store import EdgeStore
@@ -38,6 +38,10 @@ class PublishRequest:
     routing_key: str | None = None
     event_id: str | None = None
     create: Definition | None = None  # create execution `group` of this statechart first
+    hold: dict[str, Any] = field(default_factory=dict)  # `Message`'s flow-control fields: delay, at, limit_key, ...
+
+    def message(self, event: Event) -> Message:
+        return Message(self.group, event, self.priority, self.routing_key, **self.hold)
 
 
 @dataclass(frozen=True)
@@ -78,10 +82,12 @@ def publish_request(
     event_id: str | None = None,
     create: str | None = None,
     definitions: str | None = None,
+    hold: dict[str, Any] | None = None,
 ) -> PublishRequest:
     """Check a request as given on the command line (`data` is JSON text); raises ConfigurationError.
 
-    `create` names a machine of the `.stm` files in `definitions`, whose context `data` must complete."""
+    `create` names a machine of the `.stm` files in `definitions`, whose context `data` must
+    complete; `hold` holds `Message`'s flow-control fields (delay, at, limit_key, debounce, ...)."""
     try:
         payload = json.loads(data)
     except json.JSONDecodeError as exc:
@@ -93,7 +99,25 @@ def publish_request(
     if create is not None and kind != "Start":
         raise ConfigurationError(f"--create starts an execution: KIND must be Start, not {kind!r}")
     machine = None if create is None else _machine(create, definitions, payload)
-    return PublishRequest(group, kind, payload, priority, routing_key, event_id, machine)
+    request = PublishRequest(group, kind, payload, priority, routing_key, event_id, machine, _held(hold or {}))
+    problem = _flow_problem(request)
+    if problem:
+        raise ConfigurationError(problem)
+    return request
+
+
+def _held(hold: dict[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in hold.items() if value is not None}
+
+
+def _flow_problem(request: PublishRequest) -> str | None:
+    """Why the queue would refuse the request's flow-control fields (delay and at, or debounce
+    with either, a negative delay...), checked before anything is sent; None if it would not."""
+    try:
+        message_row(request.message(Event(kind=request.kind)))
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    return None
 
 
 def _machine(name: str, definitions: str | None, data: dict[str, Any]) -> Definition:
@@ -138,7 +162,7 @@ def publish(settings: EdgeSettings, request: PublishRequest) -> Published:
             with EdgeStore(settings) as store:
                 create_execution(store, request.group, request.create, request.priority)
         before = _record(transport, settings, request) if request.event_id else None
-        transport.publish_many([Message(request.group, event, request.priority, request.routing_key)])
+        transport.publish_many([request.message(event)])
         duplicate = before is not None and _record(transport, settings, request) == before
     return Published(request.group, request.priority, request.routing_key, event.model_dump(mode="json"), duplicate)
 
@@ -177,7 +201,8 @@ def create_execution(store: EdgeStore, execution_id: str, machine: Definition, p
 
 # ---- many events: `publish --from FILE` ----------------------------------------------------------
 
-LINE_FIELDS = ("group", "kind", "data", "priority", "routing_key", "id", "create")
+FLOW_FIELDS = ("limit_key", "delay", "at", "debounce", "debounce_key", "max_wait")
+LINE_FIELDS = ("group", "kind", "data", "priority", "routing_key", "id", "create", *FLOW_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -198,8 +223,10 @@ def read_lines(lines: Iterable[str], source: str, *, definitions: str | None = N
     full before anything is sent: the first bad line raises ConfigurationError with its number.
 
     Each object has "group" and "kind", and may have "data" (an object), "priority" (0 to 4),
-    "routing_key", "id" (the dedupe key: give one to make a second run safe) and "create" (a
-    machine of `definitions`: a Start that creates execution `group` first)."""
+    "routing_key", "id" (the dedupe key: give one to make a second run safe), "create" (a
+    machine of `definitions`: a Start that creates execution `group` first), and the
+    flow-control fields of `Message` ("delay", "at", "limit_key", "debounce", "debounce_key",
+    "max_wait": docs/flow-control.md)."""
     machines: dict[str, Definition] | None = None
     requests: list[PublishRequest] = []
     for number, line in enumerate(lines, start=1):
@@ -237,11 +264,20 @@ def read_lines(lines: Iterable[str], source: str, *, definitions: str | None = N
                 machine = _checked_machine(machines, item["create"], definitions, data)
             except ConfigurationError as exc:
                 raise ConfigurationError(f"{where}: {exc}; nothing was sent") from None
-        requests.append(
-            PublishRequest(
-                item["group"], item["kind"], data, int(item.get("priority") or 0), item.get("routing_key"), item.get("id"), machine
-            )
+        request = PublishRequest(
+            item["group"],
+            item["kind"],
+            data,
+            int(item.get("priority") or 0),
+            item.get("routing_key"),
+            item.get("id"),
+            machine,
+            _held({name: item.get(name) for name in FLOW_FIELDS}),
         )
+        problem = _flow_problem(request)
+        if problem:
+            raise ConfigurationError(f"{where}: {problem}; nothing was sent")
+        requests.append(request)
     if not requests:
         raise ConfigurationError(f"{source} holds no event (one JSON object a line); nothing was sent")
     return requests
@@ -256,7 +292,7 @@ def _line_problem(item: dict[str, Any]) -> str | None:
     priority = item.get("priority")
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 4):
         return '"priority" must be an integer from 0 to 4'
-    for name in ("routing_key", "id", "create"):
+    for name in ("routing_key", "id", "create", "limit_key", "debounce_key"):
         if item.get(name) is not None and (not isinstance(item[name], str) or not item[name]):
             return f'"{name}" must be a non-empty string (or absent)'
     return None
@@ -274,12 +310,7 @@ def publish_bulk(
     again as it is, if every line has an id. `on_batch(n)` is told after each batch lands."""
     now = datetime.now(UTC)
     messages = [
-        Message(
-            r.group,
-            Event(kind=r.kind, data=r.data, created_time=now, **({"id": r.event_id} if r.event_id else {})),
-            r.priority,
-            r.routing_key,
-        )
+        r.message(Event(kind=r.kind, data=r.data, created_time=now, **({"id": r.event_id} if r.event_id else {})))
         for r in requests
     ]
     check_publishable(settings)

@@ -1,5 +1,5 @@
 """Schema version 7: flow control. Delayed publish, and per-key concurrency and rate limits kept
-on the primary, which the claim statement reads (docs/transport.md, "Flow control").
+on the primary, which the claim statement reads (docs/flow-control.md).
 
 A delayed message is written parked (harel's own `__parked__` lock) until its time, so every
 claim, harel's own included, leaves it alone until then, and as its group's head it holds the

@@ -22,7 +22,9 @@ from harel_edge.inspection import (
     open_read_only,
     runner,
 )
-from harel_edge.schema import PARKED, EdgeNames, now_table
+from harel_edge.limits import list_limits
+from harel_edge.schema import PARKED, EdgeNames, now_table, table_exists
+from harel_edge.schema_flow import FlowNames
 from harel_edge.settings import EdgeSettings
 
 # ---- the queue ---------------------------------------------------------------------------------
@@ -90,6 +92,24 @@ def queue_status(execute: Execute, prefix: str, top: int = 10) -> dict[str, Any]
             # from created_time, where the publisher stamped it; None when none did
             "age_seconds": None if stamped is None else max(0.0, now - stamped),
         },
+    }
+
+
+def flow_status(execute: Execute, prefix: str) -> dict[str, Any]:
+    """What holds work back: groups whose head waits for its time (a delayed, debounced or parked
+    message holds its group), and each limited key against its limits (docs/flow-control.md)."""
+    n = EdgeNames(prefix)
+    ((waiting, next_due),) = execute(
+        f"SELECT count(*), min(m.lock_expiry) - t.now FROM {n.messages} m, {now_table()}"
+        f" WHERE m.seq IN (SELECT min(seq) FROM {n.messages} GROUP BY group_id)"
+        f" AND m.locked_by = '{PARKED}' AND m.lock_expiry >= t.now"
+    )
+    limits = list_limits(execute, prefix) if table_exists(execute, FlowNames(prefix).limits) else []
+    return {
+        "groups_waiting_for_their_head": int(waiting),
+        "next_due_in_seconds": None if next_due is None else max(0.0, float(next_due)),
+        "limits": [limit.as_dict() for limit in limits],
+        "groups_held_by_limits": sum(limit.waiting for limit in limits),
     }
 
 
@@ -165,6 +185,7 @@ class StatusReport:
     dead_letters: dict[str, Any] | None = None  # None: no dead-letter table
     replica: ReplicaStatus | None = None
     executions: dict[str, int] | None = None  # executions by status (lower case); None: no table
+    flow: dict[str, Any] | None = None  # what holds work back (`flow_status`)
 
     def as_dict(self) -> dict[str, Any]:
         """The --json output: absent sections are left out, not null."""
@@ -174,6 +195,8 @@ class StatusReport:
             "schema_version": self.schema_version,
             "queue": self.queue,
         }
+        if self.flow is not None:
+            values["flow"] = self.flow
         if self.workflows is not None:
             values["workflows"] = self.workflows
         if self.dead_letters is not None:
@@ -219,6 +242,7 @@ def collect_status(settings: EdgeSettings, top: int = 10) -> StatusReport:
             settings.server or settings.db_path,
             facts.user_version,
             queue_status(reader.execute, settings.prefix, top=top),
+            flow=flow_status(reader.execute, settings.prefix),
         )
         if "workflow_queue" in facts.tables:
             report.workflows = workflow_status(reader.execute)

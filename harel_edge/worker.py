@@ -30,7 +30,7 @@ from harel_edge.inspection import check_usable, inspect_file
 from harel_edge.migration import prepare
 from harel_edge.queue import EventPath, EventTransport
 from harel_edge.settings import EdgeSettings
-from harel_edge.status import dead_letter_status, queue_status
+from harel_edge.status import dead_letter_status, flow_status, queue_status
 from harel_edge.store import EventStore
 from harel_edge.worker_loops import EdgeAsyncWorker, durable_loop, restarting, wait_ended
 
@@ -313,6 +313,12 @@ async def sample_metrics(
                     observability.QUEUE_DEPTH.labels(str(row["priority"]), state).inc(row[state])
         except Exception as exc:  # noqa: BLE001 - sampling is best effort
             log.debug("queue sample failed", error=str(exc)[:200])
+        try:
+            flow = await asyncio.to_thread(flow_status, execute, settings.prefix)
+            observability.HELD_BACK.labels("waiting_head").set(flow["groups_waiting_for_their_head"])
+            observability.HELD_BACK.labels("limit").set(flow["groups_held_by_limits"])
+        except Exception as exc:  # noqa: BLE001 - sampling is best effort
+            log.debug("flow sample failed", error=str(exc)[:200])
         try:
             dead = await asyncio.to_thread(dead_letter_status, execute, settings.prefix)
             observability.DEAD_LETTERS.labels("message").set(dead["messages"])

@@ -28,6 +28,7 @@ from harel_edge.doctor import diagnose
 from harel_edge.errors import (
     ConfigurationError,
 )
+from harel_edge.limits import format_period
 from harel_edge.status import collect_status
 
 # ---- status ---------------------------------------------------------------------------------------
@@ -93,6 +94,8 @@ def status(
                 row["head"],
             )
         out.print(deepest)
+    if report.flow is not None:
+        _print_flow(report.flow)
     workflows = report.workflows
     if workflows is not None and not workflows["namespaces"]:
         out.print(
@@ -143,6 +146,25 @@ def status(
 
 
 # ---- migrate --------------------------------------------------------------------------------------
+
+
+def _print_flow(flow: dict[str, Any]) -> None:
+    """What holds work back: groups behind a head that waits for its time, and each limited key."""
+    waiting, due = flow["groups_waiting_for_their_head"], flow["next_due_in_seconds"]
+    if waiting:
+        out.print(
+            f"held back: {plural(waiting, 'group')} behind a delayed, debounced or parked head"
+            f" (the next due in {due:.1f} s)",
+            markup=False,
+        )
+    for limit in flow["limits"]:
+        bounds = []
+        if limit["concurrency"] is not None:
+            bounds.append(f"{limit['in_flight']} of {limit['concurrency']} in flight")
+        if limit["rate"] is not None:
+            bounds.append(f"{limit['claims_in_period']} of {limit['rate']} claims in {format_period(limit['period'])}")
+        held = f", {plural(limit['waiting'], 'group')} waiting for room" if limit["waiting"] else ""
+        out.print(f"limit {limit['key']}: {', '.join(bounds)}{held}", markup=False)
 
 
 def _counted(out: Any, line: str, notable: int, hint: str) -> None:

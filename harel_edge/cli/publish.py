@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
@@ -49,16 +50,44 @@ def publish(
         '"kind": "Pay", "data": {"amount": 12.5}, "id": "pay-1"}). Checked in full first, sent '
         "2,000 to a request; give ids to make running it again safe.",
     ),
+    delay: float | None = typer.Option(
+        None, "--delay", metavar="SECONDS", help="Claimable only this long from now (the primary's clock)."
+    ),
+    at: str | None = typer.Option(
+        None, "--at", metavar="TIME", help="Claimable only from TIME: a unix time or ISO 8601 (2026-12-24T18:00:00Z)."
+    ),
+    limit_key: str | None = typer.Option(
+        None, "--limit-key", help="The key the group's limits count under (default: its routing key)."
+    ),
+    debounce: float | None = typer.Option(
+        None, "--debounce", metavar="SECONDS", help="Wait this long for a later publish of the same key to replace it."
+    ),
+    debounce_key: str | None = typer.Option(None, "--debounce-key", help="With --debounce: the key (default: KIND)."),
+    max_wait: float | None = typer.Option(
+        None, "--max-wait", metavar="SECONDS", help="With --debounce: never later than this after the first."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the published event as JSON."),
 ) -> None:
     """Append an event to a group's queue, or many with --from FILE.
 
-    The group's first message fixes its priority and routing key; `--create MACHINE -D DIR` starts an execution.
+    The group's first message fixes its priority, routing key and limit key; `--create MACHINE
+    -D DIR` starts an execution; --delay, --at and --debounce hold it back (docs/flow-control.md).
     """
+    hold = {
+        "delay": delay,
+        "at": None if at is None else _unix_time(at),
+        "limit_key": limit_key,
+        "debounce": debounce,
+        "debounce_key": debounce_key,
+        "max_wait": max_wait,
+    }
     if from_file is not None:
-        if group is not None or kind is not None or create is not None or event_id is not None:
+        if group is not None or kind is not None or create is not None or event_id is not None or any(
+            value is not None for value in hold.values()
+        ):
             raise ConfigurationError(
-                "--from FILE takes each event's group, kind, id and create from its lines: drop GROUP, KIND, --id and --create"
+                "--from FILE takes each event's group, kind, id, create and flow-control fields from its lines: "
+                "drop GROUP, KIND, --id, --create, --delay, --at, --limit-key and the --debounce options"
             )
         _publish_from(ctx, from_file, definitions, as_json)
         return
@@ -73,6 +102,7 @@ def publish(
         event_id=event_id,
         create=create,
         definitions=definitions,
+        hold=hold,
     )
     published = publishing.publish(ctx.obj.settings(), request)
     if as_json:
@@ -85,9 +115,25 @@ def publish(
         )
     else:
         key = f", routing key {routing_key}" if routing_key else ""
+        held = "".join(f", {name.replace('_', ' ')} {value}" for name, value in request.hold.items())
         out.print(
-            f"published {kind} {published.event_id} to {group} (priority {priority}{key})", markup=False
+            f"published {kind} {published.event_id} to {group} (priority {priority}{key}{held})", markup=False
         )
+
+
+def _unix_time(text: str) -> float:
+    """`--at`: a unix time, or an ISO 8601 time (UTC unless it names its offset)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigurationError(
+            f"--at {text!r} is neither a unix time nor an ISO 8601 time (e.g. 2026-12-24T18:00:00Z)"
+        ) from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def _publish_from(ctx: typer.Context, source: str, definitions: str | None, as_json: bool) -> None:

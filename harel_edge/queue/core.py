@@ -88,7 +88,7 @@ class EventTransport:
         routing key and `limit_key` (the key its limits count under; default: the routing key);
         later ones keep what the group has. `delay` (seconds, on the primary's clock) or `at` (a
         unix time) keeps the message unclaimable until then, and `debounce`, `debounce_key` and
-        `max_wait` debounce it: `Message`'s fields (docs/transport.md, "Flow control")."""
+        `max_wait` debounce it: `Message`'s fields (docs/flow-control.md)."""
         await self.publish_many([Message(group_id, event, priority, routing_key, **flow)])
 
     async def publish_many(self, messages: Iterable[Message | tuple]) -> int:

@@ -71,3 +71,20 @@ def test_a_rate_is_read_as_n_per_period_in_seconds_minutes_hours_or_days():
     assert [limits.parse_rate(text) for text in ("100/60s", "100/1m", "50/s", "10/2.5", "1000/h", "5/2d")] == [
         (100, 60.0), (100, 60.0), (50, 1.0), (10, 2.5), (1000, 3600.0), (5, 172800.0)
     ]
+
+
+def test_status_shows_what_holds_work_back_a_waiting_head_and_a_key_at_its_limit(queued, tmp_path):
+    settings, env = queued
+    with LibsqlTransport(settings=settings) as transport:
+        transport.publish("reminder", Event(kind="Remind"), delay=3600)
+    limits.set_key_limit(settings, "acme", concurrency=1)
+    shown = run(["status", "--json"], env, tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    flow = json.loads(shown.stdout)["flow"]
+    assert flow["groups_waiting_for_their_head"] == 1 and 3000 < flow["next_due_in_seconds"] <= 3600
+    assert flow["groups_held_by_limits"] == 3, "one acme group leased, three held back by its limit"
+    (acme,) = flow["limits"]
+    assert (acme["key"], acme["in_flight"], acme["concurrency"], acme["waiting"]) == ("acme", 1, 1, 3)
+    text = run(["status"], env, tmp_path).stdout
+    assert "held back: 1 group behind a delayed, debounced or parked head" in text
+    assert "limit acme: 1 of 1 in flight, 3 groups waiting for room" in text

@@ -11,7 +11,7 @@ from cli_helpers import env_for, run
 
 from harel_edge.errors import ConfigurationError
 from harel_edge.migration import migrate
-from harel_edge.publishing import publish, publish_request
+from harel_edge.publishing import publish, publish_request, read_lines
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
 
@@ -104,3 +104,48 @@ def test_a_publish_its_group_already_had_within_the_window_says_it_was_a_duplica
     settings = ExplicitSettings.load(profile="local", db_path=str(tmp_path / "q.db"))
     with EdgeStore(settings) as store:
         assert store.execute(f"SELECT count(*) FROM {settings.prefix}_transport_messages")[0][0] == 1
+
+
+def _claimable(settings) -> list[str]:
+    """The groups whose head a worker could claim now."""
+    from harel_edge import LibsqlTransport  # noqa: PLC0415
+
+    with LibsqlTransport(settings=settings) as transport:
+        leases = transport.claim_many("probe", 30, 100)
+        for lease in leases:
+            transport.nack(lease)
+        return sorted(lease.group_id for lease in leases)
+
+
+def test_publish_delay_and_at_from_the_command_line_hold_an_event_back_until_then(tmp_path):
+    values = {"profile": "local", "db_path": str(tmp_path / "q.db")}
+    settings = ExplicitSettings.load(**values)
+    migrate(settings)
+    env = env_for(values)
+    later = run(["publish", "later", "Remind", "--delay", "3600"], env, tmp_path)
+    assert later.returncode == 0 and "delay 3600.0" in later.stdout, later.stdout + later.stderr
+    past = run(["publish", "past", "Remind", "--at", "2001-01-01T00:00:00Z", "--limit-key", "tenant-a"], env, tmp_path)
+    assert past.returncode == 0 and "limit key tenant-a" in past.stdout, past.stdout + past.stderr
+    assert _claimable(settings) == ["past"], "the delayed event waits; one due in the past does not"
+
+
+def test_publish_refuses_flow_control_the_queue_would_refuse_and_sends_nothing(tmp_path):
+    values = {"profile": "local", "db_path": str(tmp_path / "q.db")}
+    migrate(ExplicitSettings.load(**values))
+    result = run(["publish", "g", "Go", "--delay", "5", "--at", "0"], env_for(values), tmp_path)
+    assert result.returncode == 2 and "not both" in result.stderr.strip().splitlines()[-1], result.stderr
+    result = run(["publish", "g", "Go", "--at", "next tuesday"], env_for(values), tmp_path)
+    assert result.returncode == 2 and "ISO 8601" in result.stderr, result.stderr
+    assert _claimable(ExplicitSettings.load(**values)) == [], "nothing was published"
+
+
+def test_ndjson_lines_carry_flow_control_and_a_bad_one_is_refused_with_its_number():
+    lines = [
+        json.dumps({"group": "a", "kind": "Go", "delay": 60, "limit_key": "tenant"}),
+        json.dumps({"group": "b", "kind": "Go", "debounce": 2, "debounce_key": "burst", "max_wait": 10}),
+    ]
+    first, second = read_lines(lines, "events.ndjson")
+    assert first.hold == {"delay": 60, "limit_key": "tenant"}
+    assert second.hold == {"debounce": 2, "debounce_key": "burst", "max_wait": 10}
+    with pytest.raises(ConfigurationError, match="events.ndjson, line 2: delay must be >= 0"):
+        read_lines([lines[0], json.dumps({"group": "c", "kind": "Go", "delay": -1})], "events.ndjson")
