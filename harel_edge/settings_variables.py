@@ -98,3 +98,33 @@ def explain(exc: ValidationError) -> str:
             message = f"{variable}: {message}"
         lines.append(message)
     return "invalid configuration: " + "; ".join(lines)
+
+
+def setting_sources(fields: dict[str, Any], given: Iterable[str], env_files: Any = None) -> dict[str, str]:
+    """Where each setting's value came from, by the precedence the settings apply: a global
+    option (`given`), the environment, an env file, else its default. `fields` are the settings'
+    model fields, whose aliases (harel's `HAREL_LIBSQL_*`) count as their variables."""
+    given = set(given)
+    environment = {name.upper() for name in os.environ}
+    files: list[tuple[str, set[str]]] = []
+    if isinstance(env_files, (str, os.PathLike)):
+        env_files = [env_files]
+    for env_file in env_files or ():
+        if Path(env_file).is_file():
+            from dotenv import dotenv_values  # noqa: PLC0415 - pydantic-settings' own dependency
+
+            files.append((str(env_file), {name.upper() for name in dotenv_values(env_file)}))
+    sources = {}
+    for name, info in fields.items():
+        alias = getattr(info, "validation_alias", None)
+        names = [variable_for(name), *(c for c in getattr(alias, "choices", ()) if c.upper().startswith("HAREL_"))]
+        names = list(dict.fromkeys(n.upper() for n in names))
+        if name in given:
+            sources[name] = "option"
+        elif found := next((n for n in names if n in environment), None):
+            sources[name] = f"environment ({found})"
+        elif found := next(((path, n) for path, keys in files for n in names if n in keys), None):
+            sources[name] = f"{found[0]} ({found[1]})"
+        else:
+            sources[name] = "default"
+    return sources

@@ -30,6 +30,7 @@ from harel_edge.errors import (
 )
 from harel_edge.redaction import scrub
 from harel_edge.settings import EdgeSettings
+from harel_edge.settings_variables import setting_sources
 
 HELP_WIDTH = 100
 CONTEXT = {
@@ -84,6 +85,12 @@ class Globals:
                 raise ConfigurationError(f"--env-file {self.env_file!r} does not exist")
             values["_env_file"] = self.env_file
         return EdgeSettings.load(**values)
+
+    def sources(self) -> dict[str, str]:
+        """Where each setting of `settings()` came from (`config show`)."""
+        given = [k for k, v in self.overrides.items() if v is not None]
+        env_file = self.env_file if self.env_file is not None else EdgeSettings.model_config.get("env_file")
+        return setting_sources(EdgeSettings.model_fields, given, env_file)
 
 
 PROFILES = ("local", "sqld", "replica")

@@ -208,19 +208,21 @@ def migrate(
 def config_show(
     ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")
 ) -> None:
-    """Show the settings in effect, the token redacted.
+    """Show the settings in effect, each with where it came from, the token redacted.
 
-    After the environment, the env file and the global options, in that order of precedence."""
+    The global options win over the environment, which wins over the env file."""
     values = ctx.obj.settings().redacted()
+    sources = ctx.obj.sources()
     if as_json:
-        print(json.dumps(values, indent=2, default=str))
+        print(json.dumps({key: {"value": value, "source": sources[key]} for key, value in values.items()}, indent=2, default=str))
         return
     table = Table(title="harel_edge settings")
     table.add_column("setting")
     table.add_column("variable")
     table.add_column("value")
+    table.add_column("from")
     for key, value in values.items():
-        table.add_row(key, f"HAREL_EDGE_{key.upper()}", "-" if value is None else str(value))
+        table.add_row(key, f"HAREL_EDGE_{key.upper()}", "-" if value is None else str(value), sources[key])
     out.print(table)
 
 

@@ -155,7 +155,7 @@ def test_config_show_prints_the_settings_with_the_token_redacted(tmp_path):
     shown = run(["config", "show", "--json"], env, tmp_path)
     assert shown.returncode == 0, shown.stderr
     values = json.loads(shown.stdout)
-    assert values["auth_token"] == "**********" and values["routing_keys"] == ["eu", "us"]
+    assert values["auth_token"]["value"] == "**********" and values["routing_keys"]["value"] == ["eu", "us"]
     table = run(["config", "show"], env, tmp_path)
     assert secret not in shown.stdout + shown.stderr + table.stdout + table.stderr
 
@@ -163,7 +163,20 @@ def test_config_show_prints_the_settings_with_the_token_redacted(tmp_path):
 def test_global_options_override_the_environment(tmp_path):
     env = env_for({"profile": "local", "db_path": str(tmp_path / "env.db")})
     shown = run(["--db-path", str(tmp_path / "option.db"), "config", "show", "--json"], env, tmp_path)
-    assert json.loads(shown.stdout)["db_path"] == str(tmp_path / "option.db")
+    assert json.loads(shown.stdout)["db_path"] == {"value": str(tmp_path / "option.db"), "source": "option"}
+
+
+def test_config_show_says_where_each_value_came_from(tmp_path):
+    (tmp_path / ".env").write_text("HAREL_EDGE_VISIBILITY=45\nHAREL_EDGE_ROUTING_KEYS=fromfile\n")
+    env = env_for({"routing_keys": "fromenv"}, HAREL_LIBSQL_DB=str(tmp_path / "harel.db"))
+    shown = json.loads(run(["--prefix", "mine", "config", "show", "--json"], env, tmp_path).stdout)
+    assert shown["prefix"] == {"value": "mine", "source": "option"}
+    assert shown["routing_keys"] == {"value": ["fromenv"], "source": "environment (HAREL_EDGE_ROUTING_KEYS)"}
+    assert shown["db_path"] == {"value": str(tmp_path / "harel.db"), "source": "environment (HAREL_LIBSQL_DB)"}
+    assert shown["visibility"] == {"value": 45.0, "source": ".env (HAREL_EDGE_VISIBILITY)"}
+    assert shown["max_deliveries"]["source"] == "default"
+    table = run(["config", "show"], {**env, "COLUMNS": "200"}, tmp_path).stdout
+    assert ".env (HAREL_EDGE_VISIBILITY)" in table and "environment (HAREL_EDGE_ROUTING_KEYS)" in table
 
 
 def test_doctor_passes_on_a_healthy_database_and_checks_the_primarys_clock(place, tmp_path):
