@@ -19,6 +19,9 @@ from harel_edge.queue.statements import ack_statement, lock_of_sql
 from harel_edge.store import statements as store_sql
 
 
+_TAKEN = object()  # a prefetched execution already handed out by `load`: only its processed flag is left
+
+
 class EventStore:
     """harel's async execution store over an `EventPath`, with its own SQL (harel's tables).
 
@@ -42,12 +45,20 @@ class EventStore:
     # ---- reads -------------------------------------------------------------------------------------
 
     async def load(self, execution_id: str) -> Execution | None:
+        """The execution; the first `load` after a claim that read it is answered from that read,
+        leaving its processed flag for the `is_processed` that follows (harel's worker without
+        `load_for_event`, as its sync `Worker` in background execution is)."""
+        key = next((k for k in self.path.prefetched if k[0] == execution_id), None)
+        if key is not None and self.path.prefetched[key][0] is not _TAKEN:
+            data, processed = self.path.prefetched[key]
+            self.path.prefetched[key] = (_TAKEN, processed)
+            return None if data is None else Execution.model_validate_json(data)
         rows = await self._rows(f"SELECT data FROM {self._n.executions} WHERE id = ?", execution_id, operation="store.load")
         return Execution.model_validate_json(rows[0][0]) if rows else None
 
     async def load_for_event(self, execution_id: str, event_id: str) -> tuple[Execution | None, bool]:
         found = self.path.prefetched.pop((execution_id, event_id), None)
-        if found is None:
+        if found is None or found[0] is _TAKEN:
             rows = await self._rows(
                 f"SELECT (SELECT data FROM {self._n.executions} WHERE id = ?),"
                 f" EXISTS(SELECT 1 FROM {self._n.processed_events} WHERE execution_id = ? AND event_id = ?)",
@@ -63,6 +74,9 @@ class EventStore:
         return Execution.model_validate_json(data), processed
 
     async def is_processed(self, execution_id: str, event_id: str) -> bool:
+        found = self.path.prefetched.pop((execution_id, event_id), None)
+        if found is not None:  # the claim read it with the execution
+            return found[1]
         rows = await self._rows(
             f"SELECT 1 FROM {self._n.processed_events} WHERE execution_id = ? AND event_id = ?", execution_id, event_id
         )

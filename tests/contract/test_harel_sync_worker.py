@@ -133,13 +133,18 @@ def test_harels_sync_worker_on_the_sync_faces_delivers_every_order_applying_each
     assert sorted(packed) == [amount(i) for i in range(ORDERS)], "each order packed once, on its Ship"
 
 
-def test_with_the_store_on_the_transports_core_each_event_costs_one_exchange_its_commit_carrying_the_next_claim(edge):
+@pytest.mark.parametrize("execution", ["background", "inline"])
+def test_with_the_store_on_the_transports_core_each_event_costs_one_exchange_its_commit_carrying_the_next_claim(
+    edge, execution
+):
+    """In background execution harel adapts the store without `load_for_event`: its `load` and
+    `is_processed` are answered from the claim's read too."""
     definitions = load_definitions(str(EXAMPLES))
     settings = edge.settings()
     seed(settings)
     store, transport = faces(settings, paired=True)
     with transport, store:
-        worker = Worker(store, transport, definitions, worker_id="one", execution="inline")
+        worker = Worker(store, transport, definitions, worker_id="one", execution=execution)
         assert worker.step() is True  # the first claim is an exchange of its own
         executor = transport.core.path.executor
         before = executor.exchanges
