@@ -18,7 +18,6 @@ from harel_edge.queue.leases import EventPath, Ride
 from harel_edge.queue.statements import ack_statement, lock_of_sql
 from harel_edge.store import statements as store_sql
 
-
 _TAKEN = object()  # a prefetched execution already handed out by `load`: only its processed flag is left
 
 
