@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import time
 
 from harel.spec.states import Event
 
@@ -222,3 +223,88 @@ def test_a_debounced_message_behind_its_groups_head_does_not_hold_the_head_back(
     t.publish("s", Event(kind="reading", data={"i": 1}), debounce=5)
     head = t.claim("w", VISIBILITY)
     assert head is not None and head.event.kind == "head"
+
+
+RATE, MESSAGES = 20, 60  # a rate of 20 a second, and three seconds' worth of work
+
+
+def _claim_until_none_left(settings, barrier, results) -> None:
+    """One worker process: claim (never ack, so each group is leased once) until every message
+    has been leased by someone; report how many it leased."""
+    transport = LibsqlTransport(settings=settings)
+    try:
+        barrier.wait(timeout=60)
+        mine, deadline = 0, time.monotonic() + 60  # a hang guard, not a measurement
+        while time.monotonic() < deadline:
+            mine += len(transport.claim_many("w", 600, 5))
+            if transport.depth() == 0 or _all_leased(transport):
+                break
+        results.put(mine)
+    except BaseException as exc:  # noqa: BLE001 - reported to the test, which fails on it
+        results.put(repr(exc))
+    finally:
+        transport.close()
+
+
+def _all_leased(transport) -> bool:
+    q = transport.settings.prefix
+    return transport.execute(f"SELECT count(*) FROM {q}_transport_messages WHERE claimed_at IS NULL")[0][0] == 0
+
+
+def test_three_worker_processes_under_a_rate_limit_never_claim_more_than_its_rate_in_any_second(edge):
+    t = LibsqlTransport(settings=edge.settings())
+    with contextlib.closing(t), on_primary(t.settings, t) as execute:
+        limits.set_limit(execute, t.settings.prefix, "api", rate=RATE, period=1.0)
+        t.publish_many((f"g{i}", Event(kind=f"e{i}"), 0, "api") for i in range(MESSAGES))
+        ctx = multiprocessing.get_context("spawn")
+        barrier, results = ctx.Barrier(3), ctx.Queue()
+        arguments = [(edge.peer(t.settings), barrier, results) for _ in range(3)]
+        leased = answers(ctx, _claim_until_none_left, arguments, results, timeout=120)
+        assert all(isinstance(n, int) for n in leased), leased
+        assert sum(leased) == MESSAGES, f"every message leased once: {leased}"
+        # When each was claimed, by the primary's clock: no second ever holds more than RATE.
+        times = sorted(
+            row[0] for row in execute(f"SELECT claimed_at FROM {t.settings.prefix}_transport_messages")
+        )
+        busiest = max(sum(1 for u in times if t0 - 1.0 < u <= t0) for t0 in times)
+        assert busiest <= RATE, f"{busiest} claims within one second, the limit is {RATE}"
+        assert times[-1] - times[0] >= (MESSAGES - RATE) / RATE - 0.01, "the work took at least the time the rate allows"
+
+
+def _hold_then_wait(settings, results) -> None:
+    """A worker process that leases what it can and holds it until it is killed."""
+    transport = LibsqlTransport(settings=settings)
+    results.put(sorted(lease.group_id for lease in transport.claim_many("doomed", 3.0, 10)))
+    time.sleep(600)  # killed by the test long before
+
+
+def test_the_slots_of_a_killed_worker_come_back_when_its_leases_lapse_and_no_sooner(edge):
+    t = LibsqlTransport(settings=edge.settings())
+    with contextlib.closing(t), on_primary(t.settings, t) as execute:
+        limits.set_limit(execute, t.settings.prefix, "tenant", concurrency=2)
+        t.publish_many((f"t{i}", Event(kind=f"t{i}"), 0, None, "tenant") for i in range(6))
+        ctx = multiprocessing.get_context("spawn")
+        results = ctx.Queue()
+        doomed = ctx.Process(target=_hold_then_wait, args=(edge.peer(t.settings), results))
+        doomed.start()
+        try:
+            held = results.get(timeout=60)
+        finally:
+            doomed.kill()
+            doomed.join(30)
+        assert len(held) == 2, f"the killed worker held the tenant's two slots: {held}"
+        meanwhile = t.claim_many("w", VISIBILITY, 10)
+        ((now, lapse),) = execute(
+            f"SELECT unixepoch('subsec'), min(lock_expiry) FROM {t.settings.prefix}_transport_messages"
+            " WHERE locked_by LIKE 'doomed#%'"
+        )
+        if now < lapse:  # the claim above ran while the killed worker's leases still held (as it does but on a stalled machine)
+            assert meanwhile == [], "its slots are taken while its leases last"
+        deadline = time.monotonic() + 60  # a hang guard: the leases lapse after 3 s
+        again = meanwhile
+        while not again and time.monotonic() < deadline:
+            again = t.claim_many("w", VISIBILITY, 10)
+            if not again:
+                time.sleep(0.1)  # polling pace; the verdict is what the claim returns
+        assert len(again) == 2, "both slots came back, and only two"
+        assert t.claim_many("w", VISIBILITY, 10) == []
