@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import signal
 import time
@@ -290,6 +291,31 @@ async def run_worker(
     return report
 
 
+def _record_depth(summary: dict) -> None:
+    observability.QUEUE_DEPTH.clear()
+    for row in summary["by_priority_and_routing_key"]:
+        for state in ("queued", "in_flight", "parked"):
+            observability.QUEUE_DEPTH.labels(str(row["priority"]), state).inc(row[state])
+
+
+def _record_flow(flow: dict) -> None:
+    observability.HELD_BACK.labels("waiting_head").set(flow["groups_waiting_for_their_head"])
+    observability.HELD_BACK.labels("limit").set(flow["groups_held_by_limits"])
+
+
+def _record_dead(dead: dict) -> None:
+    observability.DEAD_LETTERS.labels("message").set(dead["messages"])
+    observability.DEAD_LETTERS.labels("workflow").set(dead["workflows"])
+
+
+# What the sampler reads on the primary (read, execute, prefix) and which metrics it sets from it.
+SAMPLES = (
+    ("queue", functools.partial(queue_status, top=0), _record_depth),
+    ("flow", flow_status, _record_flow),
+    ("dead-letter", dead_letter_status, _record_dead),
+)
+
+
 async def sample_metrics(
     replica: EdgeConnection | None, executor: Any, settings: EdgeSettings, every: float, stop: asyncio.Event
 ) -> None:
@@ -305,26 +331,11 @@ async def sample_metrics(
                 observability.record_sync(False)
                 log.warning("sync failed", where="worker", error=f"{type(exc).__name__}: {str(exc)[:300]}")
             observability.refresh_sync_lag()
-        try:
-            summary = await asyncio.to_thread(queue_status, execute, settings.prefix, top=0)
-            observability.QUEUE_DEPTH.clear()
-            for row in summary["by_priority_and_routing_key"]:
-                for state in ("queued", "in_flight", "parked"):
-                    observability.QUEUE_DEPTH.labels(str(row["priority"]), state).inc(row[state])
-        except Exception as exc:  # noqa: BLE001 - sampling is best effort
-            log.debug("queue sample failed", error=str(exc)[:200])
-        try:
-            flow = await asyncio.to_thread(flow_status, execute, settings.prefix)
-            observability.HELD_BACK.labels("waiting_head").set(flow["groups_waiting_for_their_head"])
-            observability.HELD_BACK.labels("limit").set(flow["groups_held_by_limits"])
-        except Exception as exc:  # noqa: BLE001 - sampling is best effort
-            log.debug("flow sample failed", error=str(exc)[:200])
-        try:
-            dead = await asyncio.to_thread(dead_letter_status, execute, settings.prefix)
-            observability.DEAD_LETTERS.labels("message").set(dead["messages"])
-            observability.DEAD_LETTERS.labels("workflow").set(dead["workflows"])
-        except Exception as exc:  # noqa: BLE001 - sampling is best effort
-            log.debug("dead-letter sample failed", error=str(exc)[:200])
+        for name, read, record in SAMPLES:
+            try:
+                record(await asyncio.to_thread(read, execute, settings.prefix))
+            except Exception as exc:  # noqa: BLE001 - sampling is best effort
+                log.debug(f"{name} sample failed", error=str(exc)[:200])
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every)
 
