@@ -121,15 +121,15 @@ def main(
         help="Where the data is (overrides HAREL_EDGE_PROFILE).",
     ),
     db_path: str | None = typer.Option(
-        None, "--db-path", help="The database file, or the replica's file (overrides HAREL_EDGE_DB_PATH)."
+        None, "--db-path", metavar="PATH", help="The database file, or the replica's file (overrides HAREL_EDGE_DB_PATH)."
     ),
-    url: str | None = typer.Option(None, "--url", help="The sqld/Turso server (overrides HAREL_EDGE_URL)."),
+    url: str | None = typer.Option(None, "--url", metavar="URL", help="The sqld/Turso server (overrides HAREL_EDGE_URL)."),
     sync_url: str | None = typer.Option(
-        None, "--sync-url", help="The primary a replica syncs with (overrides HAREL_EDGE_SYNC_URL)."
+        None, "--sync-url", metavar="URL", help="The primary a replica syncs with (overrides HAREL_EDGE_SYNC_URL)."
     ),
-    prefix: str | None = typer.Option(None, "--prefix", help="Table prefix (overrides HAREL_EDGE_PREFIX)."),
+    prefix: str | None = typer.Option(None, "--prefix", metavar="PREFIX", help="Table prefix (overrides HAREL_EDGE_PREFIX)."),
     env_file: str | None = typer.Option(
-        None, "--env-file", help="Read settings from this file instead of ./.env."
+        None, "--env-file", metavar="FILE", help="Read settings from this file instead of ./.env."
     ),
     log_format: str = typer.Option(
         "auto",
