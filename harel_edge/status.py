@@ -135,11 +135,17 @@ def workflow_status(execute: Execute) -> dict[str, Any]:
         }
         for ns, ready, sleeping, claimed, wake in rows
     ]
-    ((claimed_total, finished),) = execute(
+    failing = "(SELECT count(*) FROM workflow_queue WHERE failures > 0)" if _has_failures(execute) else "0"
+    ((claimed_total, finished, failed),) = execute(
         f"SELECT (SELECT count(*) FROM workflow_claim c, {clock} WHERE {live}),"
-        " (SELECT count(*) FROM workflow_checkpoint WHERE step = '$result')"
+        f" (SELECT count(*) FROM workflow_checkpoint WHERE step = '$result'), {failing}"
     )
-    return {"namespaces": namespaces, "claimed": int(claimed_total), "finished": int(finished)}
+    return {"namespaces": namespaces, "claimed": int(claimed_total), "finished": int(finished), "failing": int(failed)}
+
+
+def _has_failures(execute: Execute) -> bool:
+    """Whether the scheduler's queue counts failed passes (schema version 6 on)."""
+    return any(row[1] == "failures" for row in execute("PRAGMA table_info(workflow_queue)"))
 
 
 def dead_letter_status(execute: Execute, prefix: str) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 The package parses, renders and maps errors to exit codes; the work is in the library modules.
 """
 
-from harel_edge.cli.app import app, config_app, dead_letter_app, executions_app
+from harel_edge.cli.app import app, config_app, dead_letter_app, executions_app, workflows_app
 from harel_edge.cli.commands import config_show, demo, doctor, migrate, status, worker
 from harel_edge.cli.dead_letters import (
     dead_letter_list,
@@ -11,7 +11,7 @@ from harel_edge.cli.dead_letters import (
     dead_letter_requeue,
     dead_letter_show,
 )
-from harel_edge.cli.executions import executions_list, executions_show
+from harel_edge.cli.executions import executions_list, executions_show, workflows_list, workflows_show
 from harel_edge.cli.limits import limits_app, limits_clear, limits_list, limits_set
 from harel_edge.cli.publish import publish
 from harel_edge.cli.reference import command_paths, help_text, reference, reference_markdown
@@ -29,6 +29,8 @@ for _name, _command in (
     dead_letter_app.command(_name)(_command)
 executions_app.command("list")(executions_list)
 executions_app.command("show")(executions_show)
+workflows_app.command("list")(workflows_list)
+workflows_app.command("show")(workflows_show)
 app.add_typer(limits_app, name="limits")
 for _name, _command in (("set", limits_set), ("list", limits_list), ("clear", limits_clear)):
     limits_app.command(_name)(_command)

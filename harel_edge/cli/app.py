@@ -63,6 +63,10 @@ executions_app = command_group(
     "The statechart executions: list them, show one (state, queued events, last error, history)."
 )
 app.add_typer(executions_app, name="executions")
+workflows_app = command_group(
+    "The durable workflows: list them, show one (state, recorded steps, failed passes, last error)."
+)
+app.add_typer(workflows_app, name="workflows")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -103,8 +103,11 @@ def status(
             markup=False,
         )
     elif workflows is not None:
+        failing = workflows["failing"]
         table = Table(
-            title=f"workflows ({workflows['finished']} finished, {workflows['claimed']} claimed now)"
+            title=f"workflows ({workflows['finished']} finished, {workflows['claimed']} claimed now"
+            + (f", {failing} failing: `harel-edge workflows list`" if failing else "")
+            + ")"
         )
         for column in ("namespace", "ready", "sleeping", "claimed", "next wake"):
             table.add_column(column)

@@ -1,4 +1,5 @@
-"""`harel-edge executions`: list the statechart executions and show one in full (reads only)."""
+"""`harel-edge executions` and `harel-edge workflows`: list the statechart executions and the
+durable workflows, and show one of either in full (reads only)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from harel_edge import executions
+from harel_edge import executions, workflows
 from harel_edge.cli.app import EXIT_PROBLEM, fail, handled, out, plural
 
 STATES = f"<{'|'.join(executions.STATUSES)}>"
@@ -95,3 +96,64 @@ def executions_show(
         out.print(f"history (last {plural(len(detail.history), 'entry', 'entries')}):", markup=False)
         for entry in detail.history:
             out.print(f"  {json.dumps(entry, default=str) if not isinstance(entry, str) else entry}", markup=False)
+
+
+WORKFLOW_STATES = f"<{'|'.join(workflows.STATES)}>"
+
+
+@handled
+def workflows_list(
+    ctx: typer.Context,
+    state: str | None = typer.Option(None, "--state", metavar=WORKFLOW_STATES, help="Only workflows in this state."),
+    namespace: str | None = typer.Option(None, "--namespace", metavar="NS", help="Only workflows of this namespace."),
+    limit: int = typer.Option(100, "--limit", min=1, help="At most this many, the most recently recorded first."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
+) -> None:
+    """List the durable workflows: state, recorded steps, failed passes, last error. Reads only."""
+    found = workflows.list_workflows(ctx.obj.settings(), state=state, namespace=namespace, limit=limit)
+    if as_json:
+        print(json.dumps([w.as_dict() for w in found], indent=2, default=str))
+        return
+    if not found:
+        out.print(f"workflows: none{f' {state.lower()}' if state else ''}", markup=False)
+        return
+    table = Table(title=f"workflows ({plural(len(found), 'shown', 'shown')}, the most recently recorded first)")
+    for column in ("workflow", "namespace", "state", "steps", "failed passes", "wakes", "last error"):
+        table.add_column(column, justify="right" if column in ("steps", "failed passes") else "left")
+    for w in found:
+        wakes = "-" if w.wakes_in_seconds is None else f"in {w.wakes_in_seconds:.1f} s"
+        error = (w.last_error or "-").splitlines()[0][:80] if w.last_error else "-"
+        table.add_row(w.workflow, w.namespace or "-", w.state, str(w.steps), str(w.attempts), wakes, error)
+    out.print(table)
+
+
+@handled
+def workflows_show(
+    ctx: typer.Context,
+    workflow: str = typer.Argument(..., metavar="ID", help="The workflow's id."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Show one durable workflow: its state, each recorded step, failed passes, last error. Reads only."""
+    detail = workflows.show_workflow(ctx.obj.settings(), workflow)
+    if detail is None:
+        fail(EXIT_PROBLEM, f"no workflow {workflow!r}: `harel-edge workflows list` shows the ones there are")
+    if as_json:
+        print(json.dumps(detail.as_dict(), indent=2, default=str))
+        return
+    w = detail.summary
+    wakes = "" if w.wakes_in_seconds is None else f", wakes in {w.wakes_in_seconds:.1f} s"
+    for line in (
+        f"workflow {w.workflow} ({w.namespace or 'no namespace'}): {w.state}{wakes}",
+        f"failed passes in a row: {w.attempts}",
+        f"last error: {w.last_error or '-'}",
+    ):
+        out.print(line, markup=False)
+    if not detail.records:
+        out.print("steps: none recorded", markup=False)
+        return
+    table = Table(title=f"records ({len(detail.records)}, in the order written)")
+    for column in ("step", "written", "value"):
+        table.add_column(column)
+    for record in detail.records:
+        table.add_row(record["step"], _when(record["written_at"]), json.dumps(record["value"], default=str)[:80])
+    out.print(table)

@@ -76,7 +76,7 @@ def test_collect_status_returns_a_report_whose_dict_is_the_json_output(settings)
     assert (report.profile, report.schema_version, report.replica) == ("local", SCHEMA_VERSION, None)
     assert report.queue["totals"]["messages"] == 2
     assert report.dead_letters == {"messages": 0, "workflows": 0, "oldest_at": None}
-    assert report.workflows == {"namespaces": [], "claimed": 0, "finished": 0}
+    assert report.workflows == {"namespaces": [], "claimed": 0, "finished": 0, "failing": 0}
     assert report.flow == {
         "groups_waiting_for_their_head": 0,
         "next_due_in_seconds": None,
