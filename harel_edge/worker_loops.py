@@ -35,8 +35,27 @@ class EdgeAsyncWorker(AsyncWorker):
         try:
             return await super()._handle(lease)
         except Exception as exc:
+            if await self._unknown_machine(lease, exc):
+                return True
             self.transport.failed(lease, exc)
             raise
+
+    async def _unknown_machine(self, lease, exc: Exception) -> bool:  # noqa: ANN001 - harel's Lease
+        """An event for an execution of a machine this worker does not run fails the same way at
+        every delivery: dead-lettered at once, with that reason as one line."""
+        if not isinstance(exc, KeyError):
+            return False
+        exe = await self.store.load(lease.group_id)
+        if exe is None or exe.definition_id in self.definitions or exe.definition_fqn is not None:
+            return False
+        runs = ", ".join(sorted(self.definitions)) or "none"
+        self.transport.failed(
+            lease,
+            f"unknown machine {exe.definition_id!r}: this worker runs {runs}; start workers with its "
+            "definitions, then `harel-edge dead-letter requeue`",
+        )
+        await self.transport.bury(lease)
+        return True
 
 
 async def wait_ended(tasks: set[asyncio.Task], within: float) -> None:

@@ -271,13 +271,20 @@ class EventTransport:
             self.path.failures[key] = text[:MAX_ERROR_CHARS]
 
     async def bury(self, lease: Lease, deliveries: int | None = None) -> bool:
-        """Move the leased message to the dead-letter table, fenced by the lease's token: one
-        statement. False if the lease was lost."""
+        """Move the leased message to the dead-letter table, fenced by the lease's token, with the
+        handling failure `failed` reported as its last error: one unit of work. False if the
+        lease was lost."""
         q = self.path.queue
-        statement = sql.bury_statement(q, lease, self.path.now())
+        error = self.path.failures.get((lease.seq, lease.token))
+        stmts = [sql.bury_statement(q, lease, self.path.now())]
+        if error is not None:
+            stmts.insert(0, sql.error_statement(q, lease, error))
 
         async def attempt() -> bool:
-            rows = (await self.path.executor.execute(statement)).rows
+            if len(stmts) == 1:
+                rows = (await self.path.executor.execute(stmts[0])).rows
+            else:
+                rows = (await self.path.executor.transaction(stmts))[-1].rows
             return bool(rows and rows[0][0])
 
         async def resolve() -> bool | None:

@@ -231,6 +231,12 @@ def nack_statement(n: EdgeNames, lease: Lease, delay: float, now: float | None, 
     return Stmt(f"UPDATE {n.messages} SET {lock}{count} WHERE {where} RETURNING seq", (*lock_args, *count_args, *args))
 
 
+def error_statement(n: EdgeNames, lease: Lease, error: str) -> Stmt:
+    """Keep a handling failure on the leased message (for the dead letter a bury makes of it)."""
+    where, args = fence(lease)
+    return Stmt(f"UPDATE {n.messages} SET last_error = ? WHERE {where}", (error, *args))
+
+
 def lock_of_sql(n: EdgeNames) -> str:
     """Who holds a message now: the look-up after an ambiguous ack or nack."""
     return f"SELECT locked_by FROM {n.messages} WHERE seq = ?"

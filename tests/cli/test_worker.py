@@ -328,3 +328,27 @@ def test_a_worker_outlives_its_primarys_restart_and_carries_on(fresh_sqld_primar
         _, stderr = stop(process)
     assert process.returncode == 0, stderr
     assert any(e["event"] == "loop failed; restarting" for e in events(stderr)), stderr
+
+
+def test_an_event_for_a_machine_the_worker_does_not_run_is_dead_lettered_at_once_with_the_reason(tmp_path):
+    values = {"profile": "local", "db_path": str(tmp_path / "q.db")}
+    settings = ExplicitSettings.load(**values)
+    with EdgeStore(settings) as store, LibsqlTransport(settings=settings) as transport:
+        store.save(Execution(id="stray-1", definition_id="nosuchmachine"))
+        transport.publish("stray-1", Event(kind="Start"))
+    seed_orders(settings, ["fine"])
+
+    def read(sql: str) -> list[tuple]:
+        with EdgeStore(settings, create_schema=False) as store:
+            return store.execute(sql)
+
+    process = start_worker(env_for(values), tmp_path)
+    try:
+        wait_until(lambda: read("SELECT 1 FROM harel_executions WHERE id = 'fine' AND json_extract(data, '$.status') = 'DONE'"), process=process)
+        dead = wait_until(lambda: read("SELECT attempts, last_error FROM harel_dead_letters WHERE group_id = 'stray-1'"), process=process)
+    finally:
+        _, stderr = stop(process)
+    ((attempts, error),) = dead
+    assert attempts == 0 and error.startswith("unknown machine 'nosuchmachine': this worker runs order"), error
+    assert "Traceback" not in stderr, "one line, not a traceback at each delivery"
+    assert process.returncode == 0, stderr

@@ -59,9 +59,15 @@ def test_a_message_whose_handling_always_fails_is_dead_lettered_after_n_deliveri
         now = [1000.0]
         settings = edge.settings()
         async with event_path(settings, lambda: now[0]) as (transport, store):
-            # A Start for an execution of a machine no worker knows: every handling raises.
+            # A Start whose execution cannot be read: every handling raises. (One of a machine the
+            # worker does not run is dead-lettered at once: tests/cli/test_worker.py.)
             await store.save(Execution(id="poison", definition_id="no-such-machine"))
             await transport.publish("poison", Event(kind="Start"))
+
+            async def unreadable(execution_id, event_id):  # noqa: ANN001, ANN202
+                raise LookupError(f"{execution_id} is unreadable")
+
+            store.load_for_event = unreadable
             worker = EdgeAsyncWorker(store, transport, {}, worker_id="w", suspend_recheck=RECHECK, concurrency=4)
             nacked, buried = asyncio.Queue(), asyncio.Queue()
             nack, bury = transport.nack, transport.bury
@@ -94,7 +100,7 @@ def test_a_message_whose_handling_always_fails_is_dead_lettered_after_n_deliveri
         with on_primary(settings) as execute:
             (letter,) = dead_letter.list_dead_letters(execute, settings.prefix)
         assert (letter.kind, letter.group_id, letter.event["kind"], letter.attempts) == ("message", "poison", "Start", LIMIT)
-        assert letter.last_error == "KeyError: 'no-such-machine'"
+        assert letter.last_error == "LookupError: poison is unreadable"
         assert letter.dead_at == now[0] - 3600, "dead at the claim's clock"
 
     asyncio.run(main())
