@@ -6,7 +6,6 @@ Each unit is one Hrana request on a stream closed in the same exchange (docs/exe
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import time
 from dataclasses import dataclass
@@ -17,7 +16,8 @@ import httpx
 import structlog
 
 from harel_edge.errors import AuthError, PrimaryUnavailableError
-from harel_edge.executor import ClosesOnce, ExecutorClosedError, Result, StatementError, Stmt, Value
+from harel_edge.executor import ClosesOnce, ExecutorClosedError, Result, StatementError, Stmt
+from harel_edge.executor.hrana import decode, refuses_baton, statement_error, stmt_json
 from harel_edge.redaction import scrub
 from harel_edge.settings import EdgeSettings
 
@@ -101,18 +101,18 @@ class HranaExecutor(ClosesOnce):
         return f"<HranaExecutor {self.where}>"
 
     async def execute(self, stmt: Stmt, *, volatile: bool = False) -> Result:  # noqa: ARG002 - the primary decides durability
-        request = {"type": "execute", "stmt": _stmt(stmt)}
+        request = {"type": "execute", "stmt": stmt_json(stmt)}
         return await self._submit(request, 0)
 
     async def transaction(self, stmts: list[Stmt]) -> list[Result]:
         if not stmts:
             return []
-        steps = [{"stmt": _stmt(Stmt("BEGIN IMMEDIATE"))}]
+        steps = [{"stmt": stmt_json(Stmt("BEGIN IMMEDIATE"))}]
         for i, stmt in enumerate([*stmts, Stmt("COMMIT")]):
-            steps.append({"stmt": _stmt(stmt), "condition": {"type": "ok", "step": i}})
+            steps.append({"stmt": stmt_json(stmt), "condition": {"type": "ok", "step": i}})
         commit = len(steps) - 1
         steps.append(
-            {"stmt": _stmt(Stmt("ROLLBACK")), "condition": {"type": "not", "cond": {"type": "ok", "step": commit}}}
+            {"stmt": stmt_json(Stmt("ROLLBACK")), "condition": {"type": "not", "cond": {"type": "ok", "step": commit}}}
         )
         return await self._submit({"type": "batch", "batch": {"steps": steps}}, len(stmts))
 
@@ -260,7 +260,7 @@ class HranaExecutor(ClosesOnce):
                 f"the primary at {self.where} answered HTTP {response.status_code} "
                 f"({scrub(response.text)[:200]}); retried under the retry policy"
             )
-        if response.status_code == 400 and stream.baton is not None and _refuses_baton(response.text):
+        if response.status_code == 400 and stream.baton is not None and refuses_baton(response.text):
             raise _BatonRefused(f"the primary at {self.where} no longer knows this stream ({scrub(response.text)[:200]})")
         if response.status_code != 200:
             raise ValueError(
@@ -283,7 +283,7 @@ class HranaExecutor(ClosesOnce):
     def _unit_result(self, result: dict[str, Any], statements: int) -> Any:
         if result.get("type") != "ok":
             error = result.get("error") or {}
-            raise _statement_error(error, 0)
+            raise statement_error(error, 0)
         response = result["response"]
         if statements == 0:
             return self._result(response["result"])
@@ -291,7 +291,7 @@ class HranaExecutor(ClosesOnce):
         errors = batch.get("step_errors") or []
         for step, error in enumerate(errors[: statements + 2]):
             if error is not None:
-                raise _statement_error(error, step - 1)
+                raise statement_error(error, step - 1)
         steps = batch["step_results"]
         if steps[statements + 1] is None:  # the COMMIT did not run: nothing was applied
             raise StatementError("the transaction was not committed", step=statements)
@@ -303,7 +303,7 @@ class HranaExecutor(ClosesOnce):
             index = int(index)
         rowid = raw.get("last_insert_rowid")
         return Result(
-            rows=[tuple(_decode(v) for v in row) for row in raw.get("rows", [])],
+            rows=[tuple(decode(v) for v in row) for row in raw.get("rows", [])],
             affected=int(raw.get("affected_row_count") or 0),
             last_rowid=int(rowid) if rowid is not None else None,
             replication_index=index,
@@ -333,16 +333,16 @@ class HranaSession:
         if self.closed:
             raise ExecutorClosedError("this Hrana stream was closed")
         if not in_transaction:
-            [result] = await self._executor._post([{"type": "execute", "stmt": _stmt(stmt)}], stream=self)
+            [result] = await self._executor._post([{"type": "execute", "stmt": stmt_json(stmt)}], stream=self)
             return self._executor._unit_result(result, 0)
-        step = {"stmt": _stmt(stmt), "condition": _IN_TRANSACTION}
+        step = {"stmt": stmt_json(stmt), "condition": _IN_TRANSACTION}
         [result] = await self._executor._post([{"type": "batch", "batch": {"steps": [step]}}], stream=self)
         if result.get("type") != "ok":
-            raise _statement_error(result.get("error") or {}, 0)
+            raise statement_error(result.get("error") or {}, 0)
         batch = result["response"]["result"]
         error = (batch.get("step_errors") or [None])[0]
         if error is not None:
-            raise _statement_error(error, 0)
+            raise statement_error(error, 0)
         raw = (batch.get("step_results") or [None])[0]
         if raw is None:
             raise StatementError(
@@ -361,48 +361,3 @@ class HranaSession:
             return
         with contextlib.suppress(Exception):
             await self._executor._post([{"type": "close"}], stream=self)
-
-
-def _refuses_baton(text: str) -> bool:
-    """sqld's answers to a stream it dropped or never had: invalid, reused, closed or expired."""
-    text = text.lower()
-    return "baton" in text or "stream" in text and "expired" in text
-
-
-def _statement_error(error: dict[str, Any], step: int) -> StatementError:
-    message = str(error.get("message") or "statement failed")
-    code = error.get("code")
-    return StatementError(f"{message} ({code})" if code else message, step=step, code=code)
-
-
-def _stmt(stmt: Stmt) -> dict[str, Any]:
-    return {"sql": stmt.sql, "args": [_encode(v) for v in stmt.args], "want_rows": True}
-
-
-def _encode(value: Value) -> dict[str, Any]:
-    if value is None:
-        return {"type": "null"}
-    if isinstance(value, bool | int):
-        return {"type": "integer", "value": str(int(value))}
-    if isinstance(value, float):
-        return {"type": "float", "value": value}
-    if isinstance(value, str):
-        return {"type": "text", "value": value}
-    if isinstance(value, bytes | bytearray | memoryview):
-        return {"type": "blob", "base64": base64.b64encode(bytes(value)).decode()}
-    raise TypeError(f"cannot send a {type(value).__name__} as an SQL value")
-
-
-def _decode(value: dict[str, Any]) -> Value:
-    kind = value.get("type")
-    if kind == "null":
-        return None
-    if kind == "integer":
-        return int(value["value"])
-    if kind == "float":
-        return float(value["value"])
-    if kind == "text":
-        return value["value"]
-    if kind == "blob":
-        return base64.b64decode(value["base64"])
-    raise ValueError(f"unknown Hrana value type {kind!r}")
