@@ -26,6 +26,32 @@ def _when(value: Any) -> str:
         return str(value)
 
 
+def _listing(
+    what: str, found: list, state: str | None, as_json: bool, order: str, columns: tuple, numbers: tuple
+) -> Table | None:
+    """A list command's table to fill, or None when it printed all there is (JSON, or none)."""
+    if as_json:
+        print(json.dumps([item.as_dict() for item in found], indent=2, default=str))
+        return None
+    if not found:
+        out.print(f"{what}: none{f' {state.lower()}' if state else ''}", markup=False)
+        return None
+    table = Table(title=f"{what} ({plural(len(found), 'shown', 'shown')}, {order})")
+    for column in columns:
+        table.add_column(column, justify="right" if column in numbers else "left")
+    return table
+
+
+def _printed_as_json(what: str, wanted: str, detail: Any, as_json: bool) -> bool:
+    """A show command's first part: refuse what is not there (exit 1, pointing at the list), or
+    print it as JSON; False when the caller renders it."""
+    if detail is None:
+        fail(EXIT_PROBLEM, f"no {what} {wanted!r}: `harel-edge {what}s list` shows the ones there are")
+    if as_json:
+        print(json.dumps(detail.as_dict(), indent=2, default=str))
+    return as_json
+
+
 @handled
 def executions_list(
     ctx: typer.Context,
@@ -36,15 +62,10 @@ def executions_list(
 ) -> None:
     """List the statechart executions: status, active state, queued events, last error. Reads only."""
     found = executions.list_executions(ctx.obj.settings(), status=state, machine=machine, limit=limit)
-    if as_json:
-        print(json.dumps([e.as_dict() for e in found], indent=2, default=str))
+    columns = ("id", "machine", "status", "state", "queued", "updated", "error")
+    table = _listing("executions", found, state, as_json, "most recently changed first", columns, ("queued",))
+    if table is None:
         return
-    if not found:
-        out.print(f"executions: none{f' {state.lower()}' if state else ''}", markup=False)
-        return
-    table = Table(title=f"executions ({plural(len(found), 'shown', 'shown')}, most recently changed first)")
-    for column in ("id", "machine", "status", "state", "queued", "updated", "error"):
-        table.add_column(column, justify="right" if column == "queued" else "left")
     for e in found:
         error = (e.error or "-").splitlines()[0] if e.error else "-"
         table.add_row(
@@ -62,10 +83,7 @@ def executions_show(
 ) -> None:
     """Show one execution: status, active state, context, last error, queued events, history. Reads only."""
     detail = executions.show_execution(ctx.obj.settings(), execution_id, history=history)
-    if detail is None:
-        fail(EXIT_PROBLEM, f"no execution {execution_id!r}: `harel-edge executions list` shows the ones there are")
-    if as_json:
-        print(json.dumps(detail.as_dict(), indent=2, default=str))
+    if _printed_as_json("execution", execution_id, detail, as_json):
         return
     s = detail.summary
     lines = [
@@ -111,15 +129,10 @@ def workflows_list(
 ) -> None:
     """List the durable workflows: state, recorded steps, failed passes, last error. Reads only."""
     found = workflows.list_workflows(ctx.obj.settings(), state=state, namespace=namespace, limit=limit)
-    if as_json:
-        print(json.dumps([w.as_dict() for w in found], indent=2, default=str))
+    columns = ("workflow", "namespace", "state", "steps", "failed passes", "wakes", "last error")
+    table = _listing("workflows", found, state, as_json, "the most recently recorded first", columns, ("steps", "failed passes"))
+    if table is None:
         return
-    if not found:
-        out.print(f"workflows: none{f' {state.lower()}' if state else ''}", markup=False)
-        return
-    table = Table(title=f"workflows ({plural(len(found), 'shown', 'shown')}, the most recently recorded first)")
-    for column in ("workflow", "namespace", "state", "steps", "failed passes", "wakes", "last error"):
-        table.add_column(column, justify="right" if column in ("steps", "failed passes") else "left")
     for w in found:
         wakes = "-" if w.wakes_in_seconds is None else f"in {w.wakes_in_seconds:.1f} s"
         error = (w.last_error or "-").splitlines()[0][:80] if w.last_error else "-"
@@ -135,10 +148,7 @@ def workflows_show(
 ) -> None:
     """Show one durable workflow: its state, each recorded step, failed passes, last error. Reads only."""
     detail = workflows.show_workflow(ctx.obj.settings(), workflow)
-    if detail is None:
-        fail(EXIT_PROBLEM, f"no workflow {workflow!r}: `harel-edge workflows list` shows the ones there are")
-    if as_json:
-        print(json.dumps(detail.as_dict(), indent=2, default=str))
+    if _printed_as_json("workflow", workflow, detail, as_json):
         return
     w = detail.summary
     wakes = "" if w.wakes_in_seconds is None else f", wakes in {w.wakes_in_seconds:.1f} s"
