@@ -1,6 +1,6 @@
 """A primary (sqld or Turso) over Hrana over HTTP, from one event loop that it never blocks.
 
-Each unit is one Hrana request on a stream closed in the same exchange (docs/executor.md).
+Each exchange is one Hrana request on a stream kept open for the next (docs/executor.md).
 """
 
 from __future__ import annotations
@@ -219,11 +219,12 @@ class HranaExecutor(ClosesOnce):
         return results[: len(requests)]
 
     def _take_idle(self) -> HranaSession:
+        """The most recently used idle stream still fresh; older ones are dropped (outside any
+        transaction, they hold nothing, and sqld ends them when their idle time runs out)."""
         while self._idle:
             stream = self._idle.pop()
             if time.monotonic() - stream.used < STREAM_IDLE:
                 return stream
-            self._spawn(stream.aclose())
         return HranaSession(self)
 
     def session(self) -> HranaSession:
