@@ -259,12 +259,12 @@ def doctor(
 def worker(
     ctx: typer.Context,
     definitions: str | None = typer.Option(
-        None, "--definitions", "-D", help="A directory of .stm statechart definitions to run."
+        None, "--definitions", "-D", metavar="DIR", help="A directory of .stm statechart definitions to run."
     ),
     workflow: Annotated[
         list[str] | None,
         typer.Option(
-            "--workflow", "-w", help="A durable workflow to run: [namespace=]module:function (repeatable)."
+            "--workflow", "-w", metavar="[NS=]MODULE:FUNCTION", help="A durable workflow to run: [namespace=]module:function (repeatable)."
         ),
     ] = None,
     processes: int = typer.Option(1, "--processes", "-n", min=1, max=64, help="Worker processes to run."),
@@ -276,7 +276,7 @@ def worker(
         30.0, "--grace", min=0.0, help="Seconds a stop may take before held work is given back."
     ),
     metrics_port: int | None = typer.Option(
-        None, "--metrics-port", help="Serve Prometheus metrics on 127.0.0.1:PORT (+n per process)."
+        None, "--metrics-port", metavar="PORT", help="Serve Prometheus metrics on 127.0.0.1:PORT (+n per process)."
     ),
     no_migrate: bool = typer.Option(
         False, "--no-migrate", help="Only check the schema; a migration tool owns it."
@@ -332,7 +332,7 @@ def worker(
 @handled
 def demo(
     db: str | None = typer.Option(
-        None, "--db", help="Use (and keep) this database file instead of a temporary one."
+        None, "--db", metavar="FILE", help="Use (and keep) this database file instead of a temporary one."
     ),
     orders: int = typer.Option(12, "--orders", min=1, max=500, help="Statechart executions to run."),
     workflows: int = typer.Option(6, "--workflows", min=0, max=200, help="Durable workflows to run."),

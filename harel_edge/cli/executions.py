@@ -56,7 +56,7 @@ def _printed_as_json(what: str, wanted: str, detail: Any, as_json: bool) -> bool
 def executions_list(
     ctx: typer.Context,
     state: str | None = typer.Option(None, "--state", metavar=STATES, help="Only executions with this status."),
-    machine: str | None = typer.Option(None, "--machine", help="Only executions of this statechart."),
+    machine: str | None = typer.Option(None, "--machine", metavar="MACHINE", help="Only executions of this statechart."),
     limit: int = typer.Option(100, "--limit", min=1, help="At most this many, most recently changed first."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
 ) -> None:

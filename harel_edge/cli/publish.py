@@ -22,15 +22,15 @@ from harel_edge.errors import ConfigurationError
 @handled
 def publish(
     ctx: typer.Context,
-    group: str | None = typer.Argument(None, help="The group (for a statechart: the execution id)."),
-    kind: str | None = typer.Argument(None, help="The event's kind, e.g. Pay."),
-    data: str = typer.Option("{}", "--data", "-d", help="The event's data: a JSON object."),
+    group: str | None = typer.Argument(None, metavar="GROUP", help="The group (for a statechart: the execution id)."),
+    kind: str | None = typer.Argument(None, metavar="KIND", help="The event's kind, e.g. Pay."),
+    data: str = typer.Option("{}", "--data", "-d", metavar="JSON", help="The event's data: a JSON object."),
     priority: int = typer.Option(0, "--priority", "-p", min=0, max=4, help="0 (default) to 4."),
     routing_key: str | None = typer.Option(
-        None, "--routing-key", "-r", help="Only workers claiming this key take the group."
+        None, "--routing-key", "-r", metavar="KEY", help="Only workers claiming this key take the group."
     ),
     event_id: str | None = typer.Option(
-        None, "--id", help="The event id (dedupe key); a new one by default. Reuse it to retry safely."
+        None, "--id", metavar="ID", help="The event id (dedupe key); a new one by default. Reuse it to retry safely."
     ),
     create: str | None = typer.Option(
         None,
@@ -39,7 +39,7 @@ def publish(
         help="With KIND Start: first create execution GROUP of statechart MACHINE (if it does not exist).",
     ),
     definitions: str | None = typer.Option(
-        None, "--definitions", "-D", help="With --create: the directory of .stm files that defines MACHINE."
+        None, "--definitions", "-D", metavar="DIR", help="With --create: the directory of .stm files that defines MACHINE."
     ),
     from_file: str | None = typer.Option(
         None,
@@ -57,12 +57,12 @@ def publish(
         None, "--at", metavar="TIME", help="Claimable only from TIME: a unix time or ISO 8601 (2026-12-24T18:00:00Z)."
     ),
     limit_key: str | None = typer.Option(
-        None, "--limit-key", help="The key the group's limits count under (default: its routing key)."
+        None, "--limit-key", metavar="KEY", help="The key the group's limits count under (default: its routing key)."
     ),
     debounce: float | None = typer.Option(
         None, "--debounce", metavar="SECONDS", help="Wait this long for a later publish of the same key to replace it."
     ),
-    debounce_key: str | None = typer.Option(None, "--debounce-key", help="With --debounce: the key (default: KIND)."),
+    debounce_key: str | None = typer.Option(None, "--debounce-key", metavar="KEY", help="With --debounce: the key (default: KIND)."),
     max_wait: float | None = typer.Option(
         None, "--max-wait", metavar="SECONDS", help="With --debounce: never later than this after the first."
     ),
