@@ -9,12 +9,6 @@ from typing import Any
 from harel_edge.executor import StatementError, Stmt, Value
 
 
-def refuses_baton(text: str) -> bool:
-    """sqld's answers to a stream it dropped or never had: invalid, reused, closed or expired."""
-    text = text.lower()
-    return "baton" in text or "stream" in text and "expired" in text
-
-
 def statement_error(error: dict[str, Any], step: int) -> StatementError:
     message = str(error.get("message") or "statement failed")
     code = error.get("code")

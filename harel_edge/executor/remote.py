@@ -1,13 +1,12 @@
 """A primary (sqld or Turso) over Hrana over HTTP, from one event loop that it never blocks.
 
-Each exchange is one Hrana request on a stream kept open for the next (docs/executor.md).
+Each exchange is one Hrana request on a stream closed in the same exchange (docs/executor.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -17,22 +16,16 @@ import structlog
 
 from harel_edge.errors import AuthError, PrimaryUnavailableError
 from harel_edge.executor import ClosesOnce, ExecutorClosedError, Result, StatementError, Stmt
-from harel_edge.executor.hrana import decode, refuses_baton, statement_error, stmt_json
+from harel_edge.executor.hrana import decode, statement_error, stmt_json
 from harel_edge.redaction import scrub
 from harel_edge.settings import EdgeSettings
 
 log = structlog.get_logger("harel_edge.executor.remote")
 
-# Streams speak Hrana 3: its batch condition `is_autocommit` lets a statement refuse to run once
-# the primary has ended the stream's transaction (sqld's transaction timeout), and its
-# `get_autocommit` request tells whether a stream is clean enough to be used again.
+# Hrana 3: its batch condition `is_autocommit` lets a statement of a session refuse to run once
+# the primary has ended the stream's transaction (sqld's transaction timeout).
 STREAM_PIPELINE = "/v3/pipeline"
 _IN_TRANSACTION = {"type": "not", "cond": {"type": "is_autocommit"}}
-_AUTOCOMMIT = {"type": "get_autocommit"}
-# A request on an open stream costs the primary a fraction of one that opens a stream (sqld opens
-# a database connection a stream: 0.5 against 2-3.5 ms measured on loopback), so units reuse idle
-# streams. sqld drops a stream idle for 10 s; one idle half that long is not offered again.
-STREAM_IDLE = 5.0
 # A pipeline of many commits is still small (a few KB a unit); sqld answers it in milliseconds.
 # The read timeout bounds how long a unit may wait for an answer that never comes.
 TIMEOUT = httpx.Timeout(connect=5.0, read=30.0, write=10.0, pool=30.0)
@@ -45,10 +38,6 @@ def http_base_url(url: str) -> str:
     if scheme not in ("http", "https"):
         raise ValueError(f"{url!r} is not an http://, https:// or libsql:// address")
     return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
-
-
-class _BatonRefused(ValueError):
-    """The primary no longer knows the stream (expired, restarted): it ran nothing of the request."""
 
 
 @dataclass
@@ -93,7 +82,6 @@ class HranaExecutor(ClosesOnce):
         self._draining = False
         self._drain_task: asyncio.Task | None = None
         self._in_flight = 0
-        self._idle: list[HranaSession] = []  # open streams between units, the last used on top
         self._tasks: set[asyncio.Task] = set()
         self.exchanges = 0  # HTTP exchanges sent, for benchmarks and tests
 
@@ -119,9 +107,6 @@ class HranaExecutor(ClosesOnce):
     async def _close(self) -> None:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        idle, self._idle = self._idle, []
-        with contextlib.suppress(asyncio.TimeoutError):  # a primary that does not answer drops them itself
-            await asyncio.wait_for(asyncio.gather(*(stream.aclose() for stream in idle)), 2.0)
         await self._client.aclose()
 
     # ---- coalescing --------------------------------------------------------------------------
@@ -178,7 +163,7 @@ class HranaExecutor(ClosesOnce):
     async def _exchange(self, units: list[_Unit]) -> None:
         self._in_flight += 1
         try:
-            results = await self._on_a_stream([u.request for u in units])
+            results = await self._post([u.request for u in units])
         except BaseException as exc:
             error = exc if isinstance(exc, Exception) else PrimaryUnavailableError(
                 f"the request to the primary at {self.where} was cancelled in flight; its outcome "
@@ -201,32 +186,6 @@ class HranaExecutor(ClosesOnce):
             except Exception as exc:  # noqa: BLE001 - handed to the unit's caller
                 unit.future.set_exception(exc)
 
-    async def _on_a_stream(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """One exchange on an idle stream (or a new one). A stream goes back to the idle ones only
-        after a clean answer that leaves it outside any transaction; a failed exchange drops it."""
-        stream = self._take_idle()
-        try:
-            results = await self._post([*requests, _AUTOCOMMIT], stream=stream)
-        except _BatonRefused:  # nothing of it ran: once more, on a new stream
-            stream = HranaSession(self)
-            results = await self._post([*requests, _AUTOCOMMIT], stream=stream)
-        clean = results[-1].get("type") == "ok" and results[-1].get("response", {}).get("is_autocommit") is True
-        if clean and stream.baton is not None and not self.closed:
-            stream.used = time.monotonic()
-            self._idle.append(stream)
-        else:
-            self._spawn(stream.aclose())
-        return results[: len(requests)]
-
-    def _take_idle(self) -> HranaSession:
-        """The most recently used idle stream still fresh; older ones are dropped (outside any
-        transaction, they hold nothing, and sqld ends them when their idle time runs out)."""
-        while self._idle:
-            stream = self._idle.pop()
-            if time.monotonic() - stream.used < STREAM_IDLE:
-                return stream
-        return HranaSession(self)
-
     def session(self) -> HranaSession:
         """A stream of its own on the primary, for work that holds a transaction across round
         trips (a Python effect); its statements are not coalesced with other units."""
@@ -234,10 +193,16 @@ class HranaExecutor(ClosesOnce):
             raise ExecutorClosedError(f"{self!r} was closed: open a new store to go on")
         return HranaSession(self)
 
-    async def _post(self, requests: list[dict[str, Any]], *, stream: HranaSession) -> list[dict[str, Any]]:
-        """One HTTP exchange on `stream` (a new one if its baton is None); raises what a caller's
-        retry policy can classify."""
-        url, body = stream.url, {"baton": stream.baton, "requests": requests}
+    async def _post(
+        self, requests: list[dict[str, Any]], *, stream: HranaSession | None = None
+    ) -> list[dict[str, Any]]:
+        """One HTTP exchange; raises what a caller's retry policy can classify. Without a
+        `stream` the exchange opens a stream and closes it (no stream is left to expire after a
+        worker dies, nor holds one of the primary's connections); with one, it goes on that stream."""
+        if stream is None:
+            url, body = STREAM_PIPELINE, {"baton": None, "requests": [*requests, {"type": "close"}]}
+        else:
+            url, body = stream.url, {"baton": stream.baton, "requests": requests}
         self.exchanges += 1
         try:
             response = await self._client.post(url, json=body)
@@ -261,8 +226,6 @@ class HranaExecutor(ClosesOnce):
                 f"the primary at {self.where} answered HTTP {response.status_code} "
                 f"({scrub(response.text)[:200]}); retried under the retry policy"
             )
-        if response.status_code == 400 and stream.baton is not None and refuses_baton(response.text):
-            raise _BatonRefused(f"the primary at {self.where} no longer knows this stream ({scrub(response.text)[:200]})")
         if response.status_code != 200:
             raise ValueError(
                 f"the primary at {self.where} rejected the request: HTTP {response.status_code} "
@@ -273,7 +236,8 @@ class HranaExecutor(ClosesOnce):
             results = answer["results"]
             if not isinstance(results, list) or len(results) < len(requests):
                 raise ValueError("fewer results than requests")
-            stream.follow(answer.get("baton"), answer.get("base_url"))
+            if stream is not None:
+                stream.follow(answer.get("baton"), answer.get("base_url"))
         except (ValueError, KeyError, TypeError) as exc:
             raise PrimaryUnavailableError(
                 f"the primary at {self.where} sent an answer that is not Hrana ({exc}); its outcome "
@@ -320,7 +284,6 @@ class HranaSession:
         self.url = STREAM_PIPELINE
         self.baton: str | None = None
         self.closed = False
-        self.used = 0.0  # when it last answered, while it waits among the executor's idle streams
 
     def follow(self, baton: str | None, base_url: str | None) -> None:
         """Take the next request's baton (and address, when the primary moves the stream)."""
