@@ -1,8 +1,9 @@
 """Fixtures for the command's tests: where a test's data lives, on each profile.
 
-`place` is a local file always, and for sqld and replica a primary shared by the test module,
-each test under a table prefix of its own (a new embedded replica replays its primary's whole
-log, so one primary for the whole run would make every later replica test slower).
+`place` is a local file always, and for sqld and replica a primary of the test's own, each test
+under a table prefix of its own (sqld loads the schema for each stream a request opens, and a new
+embedded replica replays its primary's whole log: a primary holding many tests' tables makes
+every request and every replica slower).
 `cli_helpers` runs the command itself.
 """
 
@@ -54,5 +55,5 @@ class Place:
 
 @pytest.fixture(params=PROFILES)
 def place(request: pytest.FixtureRequest, tmp_path: Path) -> Place:
-    server = request.getfixturevalue("module_sqld_primary") if request.param != "local" else None
+    server = request.getfixturevalue("fresh_sqld_primary") if request.param != "local" else None
     return Place(request.param, tmp_path, server)

@@ -1,8 +1,9 @@
 """Every contract test runs on each profile: a local file always, sqld and replica on a real sqld.
 
-`edge` builds fresh settings for the test's profile, on a sqld primary shared by the test module:
-a new embedded replica replays the primary's whole log, so a primary shared by the whole run
-would make every later replica test slower than the last. Each call gets its own table prefix, so two
+`edge` builds fresh settings for the test's profile, on a sqld primary of the test's own: sqld
+opens a database connection for each Hrana stream, which loads the schema, so a primary holding
+every test's tables makes each request slower; and a new embedded replica replays the primary's
+whole log. Each call gets its own table prefix, so two
 transports of one test share the database but not each other's rows unless asked to (which is
 also the prefix isolation a deployment relies on).
 """
@@ -57,7 +58,7 @@ class Edge:
 
 @pytest.fixture(params=PROFILES)
 def edge(request: pytest.FixtureRequest, tmp_path: Path) -> Edge:
-    server = request.getfixturevalue("module_sqld_primary") if request.param != "local" else None
+    server = request.getfixturevalue("fresh_sqld_primary") if request.param != "local" else None
     return Edge(request.param, tmp_path, server)
 
 
