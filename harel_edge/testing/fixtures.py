@@ -103,11 +103,13 @@ def fresh_sqld_primary() -> Iterator[SqldServer]:
 
 
 @pytest.fixture
-def sqld_replica_node(sqld_primary: SqldServer) -> Iterator[SqldServer]:
-    """A sqld replica node of ``sqld_primary``: reads served locally, writes forwarded."""
+def sqld_replica_node(fresh_sqld_primary: SqldServer) -> Iterator[SqldServer]:
+    """A sqld replica node of ``fresh_sqld_primary``: reads served locally, writes forwarded.
+
+    Its own primary, because a node joining the session's primary replays the whole run's log."""
     from harel_edge.testing.sqld import start_sqld_replica_node  # noqa: PLC0415
 
-    server = _start(start_sqld_replica_node, sqld_primary)
+    server = _start(start_sqld_replica_node, fresh_sqld_primary)
     try:
         yield server
     finally:

@@ -190,11 +190,11 @@ def test_a_replica_node_forwards_writes_to_the_primary(primary: SqldServer) -> N
         assert primary_conn.execute("SELECT body FROM notes").fetchall() == [("written on the replica node",)]
 
 
-def test_the_replica_node_fixture_follows_the_session_primary(
-    sqld_primary: SqldServer, sqld_replica_node: SqldServer
+def test_the_replica_node_fixture_follows_its_primary(
+    fresh_sqld_primary: SqldServer, sqld_replica_node: SqldServer
 ) -> None:
-    table = f"followed_{os.getpid()}_{id(sqld_replica_node)}"
-    primary_conn = _connect(sqld_primary)
+    table = "followed"
+    primary_conn = _connect(fresh_sqld_primary)
     primary_conn.execute(f"CREATE TABLE {table} (n INTEGER)")
     primary_conn.execute(f"INSERT INTO {table} VALUES (7)")
     primary_conn.commit()
@@ -205,6 +205,7 @@ def test_the_replica_node_fixture_follows_the_session_primary(
             and replica_conn.execute(f"SELECT n FROM {table}").fetchall() == [(7,)]
         ),
         what="the replica node catching up",
+        timeout=30.0,
     )
 
 
