@@ -119,7 +119,7 @@ async def run_edge(settings, direct, orders: int, timeout: float) -> dict:
     async def depth() -> int:
         return int((await watcher.execute(Stmt(f"SELECT count(*) FROM {p}_transport_messages"))).rows[0][0])
 
-    options = WorkerOptions(definitions_dir=str(EXAMPLES), concurrency=32, idle_sleep=0.005, sample_every=5.0)
+    options = WorkerOptions(definitions_dir=str(EXAMPLES), idle_sleep=0.005, sample_every=5.0)
     worker = asyncio.create_task(run_worker(settings, options, stop))
     await asyncio.gather(probe.tick(done), probe.watch(depth, done, timeout))
     stop.set()

@@ -78,6 +78,23 @@ DEAD_LETTERS = Gauge(
     "Entries in the dead-letter table, by kind, as last sampled.",
     ["kind"],
 )
+WINDOW = Gauge(
+    "harel_edge_window_events",
+    "Statechart events this worker aims to keep in flight (it follows the link to the primary).",
+)
+EVENT_LATENCY = Gauge(
+    "harel_edge_event_latency_seconds",
+    "Seconds from an event's hand-out to its ack: the running value (kind=recent) and the fastest "
+    "of the last seconds (kind=base), whose gap says how much events queue.",
+    ["kind"],
+)
+
+
+def record_window(window) -> None:  # noqa: ANN001 - harel_edge.window.InFlightWindow (a later layer)
+    WINDOW.set(window.size)
+    if window.latency is not None:
+        EVENT_LATENCY.labels("recent").set(window.latency)
+        EVENT_LATENCY.labels("base").set(window.base)
 
 
 def record_retry(operation: str) -> None:

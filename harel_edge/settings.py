@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import secrets
 import socket
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from harel.engine.schema import Names
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -24,6 +24,10 @@ from harel_edge.settings_variables import ENV_PREFIX, explain, variable_for, war
 
 Profile = Literal["local", "sqld", "replica"]
 PROFILES: tuple[str, ...] = ("local", "sqld", "replica")
+
+# harel's own rule for a prefix (harel.engine.schema.Names): a prefix it matches needs no import of
+# harel (a quarter second at every start); any other is judged, and explained, by harel itself.
+PREFIX_RULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,29}")
 
 # The publish window's range: at least a retry's whole default deadline (60 s) past the first
 # attempt, at most a year (the table keeps one row an event for the window).
@@ -106,6 +110,11 @@ class EdgeSettings(BaseSettings):
         "the last commits on an OS crash.",
     )
     visibility: float = Field(default=30.0, description="Seconds a claimed message stays leased.")
+    max_in_flight: int = Field(
+        default=256,
+        description="Most statechart events one worker process keeps in flight: its window follows "
+        "the link to the primary up to this.",
+    )
     max_deliveries: int = Field(
         default=DEFAULT_MAX_DELIVERIES,
         description="Deliveries of a message whose handling failed (or failed passes of a durable "
@@ -181,10 +190,13 @@ class EdgeSettings(BaseSettings):
     @field_validator("prefix")
     @classmethod
     def _valid_prefix(cls, value: str) -> str:
-        try:
-            Names(value)
-        except ValueError as exc:
-            raise ValueError(f"HAREL_EDGE_PREFIX: {exc}") from None
+        if not PREFIX_RULE.fullmatch(value):
+            from harel.engine.schema import Names  # noqa: PLC0415 - imports all of harel
+
+            try:
+                Names(value)
+            except ValueError as exc:
+                raise ValueError(f"HAREL_EDGE_PREFIX: {exc}") from None
         if f"{value}_".lower().startswith("sqlite_"):  # every table is named `<prefix>_...`
             raise ValueError(
                 f"HAREL_EDGE_PREFIX={value!r} would name the tables sqlite_..., which SQLite reserves for "
@@ -222,10 +234,10 @@ class EdgeSettings(BaseSettings):
             )
         return value
 
-    @field_validator("busy_timeout_ms", "retry_attempts")
+    @field_validator("busy_timeout_ms", "retry_attempts", "max_in_flight")
     @classmethod
     def _non_negative(cls, value: int, info: Any) -> int:
-        if value < (1 if info.field_name == "retry_attempts" else 0):
+        if value < (0 if info.field_name == "busy_timeout_ms" else 1):
             raise ValueError(f"{variable_for(info.field_name)}={value} is out of range: set a positive whole number")
         return value
 

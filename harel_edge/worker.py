@@ -102,7 +102,6 @@ class WorkerOptions:
 
     definitions_dir: str | None = None
     workflows: tuple[WorkflowSpec, ...] = ()
-    concurrency: int = 32  # statechart events in flight in one process
     idle_sleep: float = 0.05  # pause between claims when the queue is empty
     poll: float = 1.0  # how often an idle durable loop looks for ready workflows
     migrate: bool = True  # create or upgrade the schema at start (else only check it)
@@ -150,6 +149,31 @@ def metered(namespace: str, report: WorkerReport) -> dict[str, Any]:
     return {"on_step": on_step, "on_pass": on_pass}
 
 
+def statechart_worker(
+    executor: Any, settings: EdgeSettings, definitions: dict[str, Any], *, report: Any = None, count_groups: bool = False
+) -> EdgeAsyncWorker:
+    """harel's async worker on the event path: a claim brings each event's execution, and the
+    commit of an event carries its ack and the next claim (one exchange an event)."""
+    path = EventPath(executor, settings)
+    transport = EventTransport(
+        path,
+        concurrency=settings.max_in_flight,
+        prefetch=True,
+        report=report,
+        count_groups=count_groups,
+        max_deliveries=settings.max_deliveries,
+    )
+    path.next_claim = transport.ride
+    return EdgeAsyncWorker(
+        EventStore(path),
+        transport,
+        definitions,
+        worker_id=settings.worker_id,
+        visibility=settings.visibility,
+        concurrency=settings.max_in_flight,
+    )
+
+
 # ---- one worker process --------------------------------------------------------------------------
 
 
@@ -192,27 +216,9 @@ async def run_worker(
                     error=f"{type(exc).__name__}: {str(exc)[:300]}",
                 )
         executor = database.executor
-        path = EventPath(executor, settings)
-        transport = EventTransport(
-            path,
-            concurrency=options.concurrency,
-            prefetch=True,
-            report=report,
-            count_groups=options.group_counts,
-            max_deliveries=settings.max_deliveries,
-        )
-        store = EventStore(path)
-
+        harel_worker = statechart_worker(executor, settings, definitions, report=report, count_groups=options.group_counts)
         tasks: list[asyncio.Task] = []
         if definitions:
-            harel_worker = EdgeAsyncWorker(
-                store,
-                transport,
-                definitions,
-                worker_id=settings.worker_id,
-                visibility=settings.visibility,
-                concurrency=options.concurrency,
-            )
             tasks.append(
                 asyncio.create_task(
                     restarting(
@@ -268,11 +274,11 @@ async def run_worker(
             if not task.cancelled() and task.exception() is not None:
                 report.error = f"{task.get_name()}: {task.exception()}"
                 log.error("a worker loop failed", loop=task.get_name(), error=str(task.exception())[:300])
-        report.released_on_stop = await transport.release_held()
+        report.released_on_stop = await harel_worker.transport.release_held()
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await sampler
-        report.groups = transport.group_counts()
+        report.groups = harel_worker.transport.group_counts()
     finally:
         await database.aclose()
         if replica is not None:

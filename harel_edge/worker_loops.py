@@ -13,19 +13,65 @@ from typing import Any
 import structlog
 from harel.engine.aio.distributed import AsyncWorker
 
+from harel_edge import observability
 from harel_edge.durable.runtime import DurableWorker
+from harel_edge.window import InFlightWindow
 
 log = structlog.get_logger("harel_edge.worker")
 
 
 class EdgeAsyncWorker(AsyncWorker):
-    """harel's async worker, telling the transport when handling a message raised, so the nack
-    harel's loop then sends records the error and keeps the delivery counted for dead-lettering;
+    """harel's async worker with a window of events in flight that follows the link
+    (`InFlightWindow`, at most `concurrency`), telling the transport when handling a message
+    raised (the nack then records the error and counts the delivery for dead-lettering);
     `handling` holds the tasks handling a message, which a stop waits for."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.handling: set[asyncio.Task] = set()
+        self.window = InFlightWindow(self.concurrency, visibility=self.visibility)
+
+    async def run(self, stop: asyncio.Event, idle_sleep: float = 0.005) -> None:
+        """harel's loop (claim while the window has room, sweep due timers when nothing is
+        claimable, nack a message whose handling raised) with the window in place of its
+        fixed semaphore."""
+        pending: set[asyncio.Task] = set()
+
+        async def run_one(lease) -> None:  # noqa: ANN001 - harel's Lease
+            began = time.monotonic()
+            try:
+                await self._handle(lease)
+            except Exception:
+                log.exception("handling an event failed; it comes back later", group_id=lease.group_id,
+                              kind=lease.event.kind, retry_in=self.suspend_recheck)
+                try:
+                    await self.transport.nack(lease, delay=self.suspend_recheck)
+                except Exception as exc:  # noqa: BLE001 - its lease lapses and it is delivered again
+                    log.warning("could not give an event back; it comes back when its lease lapses",
+                                group_id=lease.group_id, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+            self.window.settled(time.monotonic() - began, len(pending))
+            self.transport.concurrency = self.window.size
+            observability.record_window(self.window)
+
+        self.transport.concurrency = self.window.size
+        while not stop.is_set():
+            if len(pending) >= self.window.size:
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            lease = await self._claim()
+            if lease is None:
+                if await self.fire_due_timers() == 0:
+                    if pending:
+                        await asyncio.wait(pending, timeout=idle_sleep, return_when=asyncio.FIRST_COMPLETED)
+                    else:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(stop.wait(), idle_sleep)
+                continue
+            task = asyncio.create_task(run_one(lease))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def _handle(self, lease) -> bool:  # noqa: ANN001 - harel's Lease
         task = asyncio.current_task()

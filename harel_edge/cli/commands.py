@@ -14,8 +14,6 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from harel_edge import migration
-from harel_edge.access import check_writable
 from harel_edge.cli.app import (
     EXIT_PROBLEM,
     Globals,
@@ -24,12 +22,12 @@ from harel_edge.cli.app import (
     out,
     plural,
 )
-from harel_edge.doctor import diagnose
 from harel_edge.errors import (
     ConfigurationError,
 )
-from harel_edge.limits import format_period
-from harel_edge.status import collect_status
+
+# The library modules are imported by the commands that use them, once the settings are read: they
+# pull in harel, libsql and the metrics, which `--help` and a refused configuration do not need.
 
 # ---- status ---------------------------------------------------------------------------------------
 
@@ -44,7 +42,10 @@ def status(
 
     Depth by priority, routing key and group, in flight, parked, workflows, last sync. Reads only.
     """
-    report = collect_status(ctx.obj.settings(), top=groups)
+    settings = ctx.obj.settings()
+    from harel_edge.status import collect_status  # noqa: PLC0415
+
+    report = collect_status(settings, top=groups)
     if as_json:
         print(json.dumps(report.as_dict(), indent=2, default=str))
         return
@@ -153,6 +154,8 @@ def status(
 
 def _print_flow(flow: dict[str, Any]) -> None:
     """What holds work back: groups behind a head that waits for its time, and each limited key."""
+    from harel_edge.limits import format_period  # noqa: PLC0415
+
     waiting, due = flow["groups_waiting_for_their_head"], flow["next_due_in_seconds"]
     if waiting:
         out.print(
@@ -189,6 +192,8 @@ def migrate(
     the versions as SQL and touches nothing.
     """
     settings = ctx.obj.settings()
+    from harel_edge import migration  # noqa: PLC0415
+
     if print_sql:
         sys.stdout.write(migration.migration_script(settings.prefix))
         return
@@ -239,7 +244,10 @@ def doctor(
     """Check connectivity, credentials, schema, clock skew and sync health.
 
     Each problem comes with what to do about it. Exits 1 if a check failed. Writes nothing."""
-    diagnosis = diagnose(ctx.obj.settings())
+    settings = ctx.obj.settings()
+    from harel_edge.doctor import diagnose  # noqa: PLC0415
+
+    diagnosis = diagnose(settings)
     if as_json:
         print(json.dumps(diagnosis.as_dict(), indent=2))
     else:
@@ -268,8 +276,12 @@ def worker(
         ),
     ] = None,
     processes: int = typer.Option(1, "--processes", "-n", min=1, max=64, help="Worker processes to run."),
-    concurrency: int = typer.Option(
-        32, "--concurrency", min=1, help="Statechart events in flight per process."
+    max_in_flight: int | None = typer.Option(
+        None,
+        "--max-in-flight",
+        min=1,
+        metavar="N",
+        help="Most statechart events in flight per process (HAREL_EDGE_MAX_IN_FLIGHT, default 256).",
     ),
     poll: float = typer.Option(1.0, "--poll", min=0.01, help="Seconds between looks for ready workflows."),
     grace: float = typer.Option(
@@ -289,11 +301,12 @@ def worker(
 
     Until SIGTERM or SIGINT; then it finishes or gives back what it holds and exits 0.
     """
+    from harel_edge.access import check_writable  # noqa: PLC0415
     from harel_edge.supervisor import run_processes  # noqa: PLC0415
     from harel_edge.worker import WorkerOptions, load_definitions, parse_workflow, serve  # noqa: PLC0415
 
     g: Globals = ctx.obj
-    settings = g.settings(**({"metrics_port": metrics_port} if metrics_port is not None else {}))
+    settings = g.settings(metrics_port=metrics_port, max_in_flight=max_in_flight)
     if "worker_id" not in settings.model_fields_set:
         # The default, hostname-pid, is the same in every container of a scaled service (one
         # host name, pid 1): a suffix tells their log lines and leases apart.
@@ -301,7 +314,6 @@ def worker(
     options = WorkerOptions(
         definitions_dir=definitions,
         workflows=tuple(parse_workflow(w) for w in workflow or ()),
-        concurrency=concurrency,
         poll=poll,
         grace=grace,
         migrate=not no_migrate,

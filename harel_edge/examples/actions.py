@@ -14,5 +14,6 @@ def pack(execution, event, **_inputs):
     test can stop a worker while an event is being handled and see it finish first."""
     seconds = float(execution.execution_ctx.get("pack_seconds", 0.0) or 0.0)
     if seconds > 0:
+        log.info("packing slowly", seconds=seconds)
         time.sleep(seconds)
     log.debug("packed", paid=execution.execution_ctx.get("paid"))

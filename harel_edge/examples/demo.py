@@ -98,7 +98,6 @@ async def _demo(path: Path, orders: int, workflows: int, timeout: float, console
     options = WorkerOptions(
         definitions_dir=str(EXAMPLES),
         workflows=(parse_workflow(f"{NAMESPACE}=harel_edge.examples.workflow:fulfil"),),
-        concurrency=16,
         idle_sleep=0.01,
         poll=0.05,
         grace=10.0,

@@ -59,6 +59,7 @@ class EventTransport(DeadLetters):
         self._wanted: tuple | None = None  # the last claim's arguments, for a claim a commit carries
         self._sql: dict[tuple[bool, bool, bool], str] = {}
         self._limited = 0  # claims left to make with the statement that reads the limits
+        self._riding = 0  # leases that claims riding on commits in flight add, net of the acks they carry
 
     @property
     def held(self) -> dict[LeaseKey, Lease]:
@@ -129,14 +130,24 @@ class EventTransport(DeadLetters):
         if self._buffer and self._buffer_for == wanted:
             return self._buffer.popleft()
         # The free slots: leases held (buffered ones included) count against `concurrency`.
-        n = max(1, self.concurrency - len(self.path.held)) if self.prefetch and not self._buffer else 1
+        n = max(1, self.concurrency - len(self.path.held) - self._riding) if self.prefetch and not self._buffer else 1
         leases = await self.claim_many(worker_id, visibility, n, min_priority, keys, with_execution=self.prefetch)
         if not leases:
             return None
-        if not self._buffer:
-            self._buffer.extend(leases[1:])
-            self._buffer_for = wanted
+        await self._stash(leases[1:], wanted)
         return leases[0]
+
+    async def _stash(self, leases: list[Lease], wanted: tuple) -> None:
+        """Keep leases claimed ahead for the next `claim`s with the same arguments. A commit's
+        claim may have filled the buffer meanwhile: leases claimed for other arguments go back."""
+        if not leases:
+            return
+        if self._buffer and self._buffer_for != wanted:
+            for lease in leases:
+                await self.nack(lease)
+            return
+        self._buffer.extend(leases)
+        self._buffer_for = wanted
 
     async def claim_many(
         self,
@@ -213,12 +224,14 @@ class EventTransport(DeadLetters):
     def ride(self) -> Ride | None:
         """The claim a commit that acks one of this transport's leases carries for the slot it
         frees, when the next `claim` would make it anyway (a worker taking one event at a time):
-        one exchange an event instead of two. None when the buffer or the free slots say no."""
+        one exchange an event instead of two. None when the buffer or the free slots say no.
+        Commits in flight together each take the slot their ack frees, and no more than the rest."""
         if self._wanted is None or self._buffer:
             return None
-        free = self.concurrency - len(self.path.held) + 1  # the lease the commit acks frees one
+        free = self.concurrency - len(self.path.held) - self._riding + 1  # the lease the commit acks frees one
         if free < 1:
             return None
+        self._riding += free - 1
         wanted = worker_id, visibility, min_priority, keys = self._wanted
         token, params = sql.claim_params(worker_id, visibility, min_priority, keys, self.path.now())
         limited, self._limited = self._limited > 0, max(self._limited - 1, 0)  # as `_claim_once`
@@ -238,10 +251,12 @@ class EventTransport(DeadLetters):
                 observability.CLAIMS.inc(len(leases))
                 if self._report is not None:
                     self._report.claims += len(leases)
-                self._buffer.extend(leases)
-                self._buffer_for = wanted
+                await self._stash(leases, wanted)
 
-        return Ride(statement, lookup, take, refused)
+        def ended() -> None:
+            self._riding -= free - 1
+
+        return Ride(statement, lookup, take, refused, ended)
 
     def _claim_statement(self, keyed: bool, with_execution: bool, limited: bool) -> str:
         statement = self._sql.get((keyed, with_execution, limited))

@@ -25,12 +25,14 @@ LeaseKey = tuple[int, str | None]
 class Ride:
     """A claim that goes inside a commit's unit of work: its statement, the look-up of what it
     leased (after an ambiguous commit), what to do with the rows either gives, and whether an
-    error of the commit was the claim's own refusal (then the commit goes again without it)."""
+    error of the commit was the claim's own refusal (then the commit goes again without it);
+    `ended` is called once the commit is over, whatever became of it."""
 
     statement: Stmt
     lookup: Stmt
     take: Callable[[list[tuple]], Awaitable[None]]
     refused: Callable[[BaseException], bool]
+    ended: Callable[[], None]
 
 
 class EventPath:

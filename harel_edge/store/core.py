@@ -156,18 +156,29 @@ class EventStore:
             if ride is not None:
                 stmts.append(ride.statement)
         try:
+            results = await self._commit_riding(exe, stmts, emits, lease, ride)
+        finally:
+            if ride is not None:
+                ride.ended()
+        if lease is not None:
+            self.path.acked_by_commit[(lease.seq, lease.token)] = bool(results[-1].rows)
+        return [int(r.rows[0][0]) for r in results[: len(emits)]]
+
+    async def _commit_riding(
+        self, exe: Execution, stmts: list[Stmt], emits: list, lease: Lease | None, ride: Ride | None
+    ) -> list[Result]:
+        """The commit's unit with the claim riding on it, if any (its leases taken); once more
+        without the claim when the claim was what the primary refused."""
+        try:
             results = await self._write_unit(exe, stmts, "store.commit", emits=emits, lease=lease, ride=ride)
         except StatementError as exc:
             if ride is None or not ride.refused(exc):
                 raise
             stmts.pop()  # nothing of the unit was applied: once more, without the claim
-            ride = None
-            results = await self._write_unit(exe, stmts, "store.commit", emits=emits, lease=lease)
+            return await self._write_unit(exe, stmts, "store.commit", emits=emits, lease=lease)
         if ride is not None:
             await ride.take(results.pop().rows)
-        if lease is not None:
-            self.path.acked_by_commit[(lease.seq, lease.token)] = bool(results[-1].rows)
-        return [int(r.rows[0][0]) for r in results[: len(emits)]]
+        return results
 
     async def append_trace(self, execution_id: str, entry: dict) -> None:
         stmts = self._trace_stmts(execution_id, entry)

@@ -70,7 +70,7 @@ def worker_env(profile: str, proxy: LatencyProxy, server, prefix: str, n: int, t
 
 def start(env: dict[str, str], definitions: Path, cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [COMMAND, "--log-level", "warning", "worker", "-D", str(definitions), "--concurrency", "8"],
+        [COMMAND, "--log-level", "warning", "worker", "-D", str(definitions), "--max-in-flight", "8"],
         env=env,
         cwd=cwd,
         stdout=subprocess.DEVNULL,

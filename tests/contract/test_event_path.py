@@ -202,3 +202,59 @@ def test_the_workers_claim_brings_each_execution_so_loading_it_costs_no_round_tr
             assert await transport.depth() == 3
 
     asyncio.run(main())
+
+
+def test_the_workers_commit_of_each_event_carries_the_next_claim_so_each_event_costs_one_exchange(edge):
+    from pathlib import Path  # noqa: PLC0415
+
+    import harel_edge.examples.actions as actions  # noqa: PLC0415
+    from harel_edge.worker import load_definitions, statechart_worker  # noqa: PLC0415
+
+    settings = edge.settings()
+    prepare_database(settings)
+    definitions = load_definitions(str(Path(actions.__file__).parent))
+
+    async def main():
+        executor = open_executor(settings)
+        try:
+            worker = statechart_worker(executor, settings, definitions)
+            await worker.store.save(Execution(id="order", definition_id="order"))
+            for kind, data in (("Start", {}), ("Pay", {"amount": 3.0}), ("Ship", {}), ("Deliver", {})):
+                await worker.transport.publish("order", Event(kind=kind, data=data))
+            assert await worker.step() is True  # the first claim is an exchange of its own
+            before, steps = executor.exchanges, 1
+            while await worker.step():
+                steps += 1
+            assert steps == 4
+            # Each commit carried its ack and the claim of the group's next event; the last found none.
+            assert executor.exchanges - before == 3 + 1
+            assert await worker.transport.depth() == 0
+            assert (await worker.store.load("order")).active_path == "Delivered"
+        finally:
+            await executor.aclose()
+
+    asyncio.run(main())
+
+
+def test_commits_in_flight_together_claim_no_more_than_the_slots_they_free(edge):
+    async def main():
+        async with event_path(edge.settings(), concurrency=3) as (plain, store):
+            transport = EventTransport(plain.path, concurrency=3, prefetch=True)
+            transport.path.next_claim = transport.ride
+            for group in "abcdefgh":
+                await store.save(Execution(id=group, definition_id="d"))
+                await transport.publish(group, Event(kind="one"))
+                await transport.publish(group, Event(kind="two"))
+            leases = [await transport.claim("w", 30) for _ in range(3)]
+            assert transport.buffered == 0 and len(transport.held) == 3
+
+            async def finish(lease):
+                exe, _ = await store.load_for_event(lease.group_id, lease.event.id)
+                await store.commit(exe, [], processed_event_id=lease.event.id)
+                assert await transport.ack(lease) is True
+
+            await asyncio.gather(*(finish(lease) for lease in leases))
+            assert len(transport.held) == 3, "three acks freed three slots, and the claims took three"
+            assert transport.buffered == 3
+
+    asyncio.run(main())

@@ -20,7 +20,7 @@ ORDERS = [f"order-{i}" for i in range(12)]
 
 
 def test_a_stop_that_cancels_handlers_mid_commit_counts_what_they_committed_and_gives_back_the_rest(tmp_path, monkeypatch):
-    settings = ExplicitSettings.load(profile="local", db_path=str(tmp_path / "q.db"), retry_deadline=5.0)
+    settings = ExplicitSettings.load(profile="local", db_path=str(tmp_path / "q.db"), retry_deadline=5.0, max_in_flight=8)
     prepare_database(settings)  # publish refuses a database that does not exist yet
     for order in ORDERS:
         publish(settings, publish_request(order, "Start", "{}", create="order", definitions=EXAMPLES))
@@ -48,7 +48,7 @@ def test_a_stop_that_cancels_handlers_mid_commit_counts_what_they_committed_and_
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         threading.Thread(target=lambda: held.wait(30) and loop.call_soon_threadsafe(stop.set), daemon=True).start()
-        options = WorkerOptions(definitions_dir=EXAMPLES, concurrency=8, grace=0.0, sample_every=3600)
+        options = WorkerOptions(definitions_dir=EXAMPLES, grace=0.0, sample_every=3600)
         return await asyncio.wait_for(run_worker(settings, options, stop), 60)
 
     report = asyncio.run(main())

@@ -1,0 +1,101 @@
+"""The edge tax: one worker's rate as its primary moves away (0, 20 and 100 ms round trips).
+
+ONE `harel-edge worker` (`run_worker`, in this process) drains the demo's order statechart
+(`--orders` executions, four events each) from a sqld primary reached through
+`harel_edge.testing.proxy.LatencyProxy`, on the sqld and replica profiles. Cells run in
+interleaved rounds (every latency of a profile, then the next round) and the median of the rounds
+is reported, with each latency's rate as a share of the same profile's rate at 0 ms, the loop's
+lag (p99 / worst), the window the worker settled on and the process's peak resident memory.
+
+    .venv/bin/python benchmarks/bench_edge_tax.py
+    .venv/bin/python benchmarks/bench_edge_tax.py --orders 150 --rounds 1 --rtts 0,100
+
+Compare rows of one run: the machine is shared and noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from bench_worker import run_edge
+
+from harel_edge import observability
+from harel_edge.settings import ExplicitSettings
+from harel_edge.testing import start_sqld_primary
+from harel_edge.testing.proxy import LatencyProxy
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profiles", default="sqld,replica")
+    parser.add_argument("--rtts", default="0,20,100", help="round trips to the primary, milliseconds")
+    parser.add_argument("--orders", type=int, default=300, help="executions; each gets 4 events")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    observability.configure_logging(level="warning", stream=sys.stderr)
+    profiles, rtts = args.profiles.split(","), [float(x) for x in args.rtts.split(",")]
+    cells: dict[tuple[str, float], list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp, start_sqld_primary() as server:
+        n = 0
+        for _ in range(args.rounds):
+            for profile in profiles:
+                for rtt in rtts:
+                    n += 1
+                    common = {"prefix": f"t{n}", "worker_id": f"tax-{n}", "auth_token": server.rw_token}
+                    direct = ExplicitSettings.load(profile="sqld", url=server.http_url, **common)
+                    with LatencyProxy(server.http_port, delay=rtt / 2000) as proxy:
+                        if profile == "sqld":
+                            settings = ExplicitSettings.load(profile="sqld", url=proxy.url, **common)
+                        else:
+                            replica = str(Path(tmp) / f"replica{n}.db")
+                            settings = ExplicitSettings.load(profile="replica", db_path=replica, sync_url=proxy.url, **common)
+                        row = asyncio.run(run_edge(settings, direct, args.orders, args.timeout))
+                    row["window"] = int(observability.WINDOW._value.get())
+                    row["rss_mb"] = round(peak_rss_mb(), 1)
+                    cells.setdefault((profile, rtt), []).append(row)
+                    print(f"{profile} {rtt:g} ms: {row}", file=sys.stderr)
+    print(f"\nOne worker, demo statechart, {args.orders * 4} events, median of {args.rounds} rounds\n")
+    print("| profile | RTT (ms) | events/s | vs 0 ms | loop lag p99 / max (ms) | window | peak RSS (MB) | all delivered |")
+    print("| --- | ---: | ---: | ---: | --- | ---: | ---: | --- |")
+    table = []
+    for profile in profiles:
+        base = statistics.median(r["events_per_s"] for r in cells.get((profile, 0.0), [{"events_per_s": 0}]))
+        for rtt in rtts:
+            rows = cells[(profile, rtt)]
+            rate = statistics.median(r["events_per_s"] for r in rows)
+            summary = {
+                "profile": profile,
+                "rtt_ms": rtt,
+                "events_per_s": rate,
+                "vs_0ms": round(rate / base, 2) if base else None,
+                "lag_p99_ms": statistics.median(r["lag_p99_ms"] for r in rows),
+                "lag_max_ms": max(r["lag_max_ms"] for r in rows),
+                "window": rows[-1]["window"],
+                "rss_mb": max(r["rss_mb"] for r in rows),
+                "all_delivered": all(r["all_delivered"] for r in rows),
+            }
+            table.append(summary)
+            ratio = f"{summary['vs_0ms']:.2f}x" if summary["vs_0ms"] is not None else ""
+            print(
+                f"| {profile} | {rtt:g} | {rate:g} | {ratio} | {summary['lag_p99_ms']} / {summary['lag_max_ms']} | "
+                f"{summary['window']} | {summary['rss_mb']} | {summary['all_delivered']} |"
+            )
+    if args.json:
+        args.json.write_text(json.dumps(table, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""How many statechart events one worker keeps in flight: enough to cover the link to the primary,
+and fewer once events start to queue (a slower primary, a busy loop), within a bound.
+
+The rule is TCP Vegas' applied to events (docs/tuning.md): an event's latency over the fastest
+recently seen says how many of the events in flight are queueing rather than travelling.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+
+INITIAL = 32  # events in flight before anything was measured
+MINIMUM = 4
+BASE_PERIOD = 10.0  # seconds the fastest latency seen counts as the link's own, before it is measured again
+SMOOTHING = 0.1  # weight of each new latency in the running one
+
+
+class InFlightWindow:
+    """The number of events in flight to aim for, from each settled event's latency.
+
+    Vegas: `queued = size * (1 - base / latency)` estimates the events waiting behind others
+    rather than on the link; below `alpha` the window grows by one, above `beta` it shrinks by
+    one, and a latency past a third of the lease halves it (a lease must not lapse in a queue).
+    """
+
+    def __init__(
+        self,
+        maximum: int,
+        *,
+        visibility: float = 30.0,
+        initial: int = INITIAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if maximum < 1:
+            raise ValueError(f"the most events in flight must be at least 1, got {maximum!r}")
+        self.maximum = maximum
+        self.minimum = min(MINIMUM, maximum)
+        self.visibility = visibility
+        self._size = float(min(max(initial, self.minimum), maximum))
+        self._clock = clock
+        self._latency: float | None = None  # smoothed latency of the last events
+        self._lows: deque[tuple[float, float]] = deque()  # (when, latency): the rolling minimum
+
+    @property
+    def size(self) -> int:
+        return int(self._size)
+
+    @property
+    def base(self) -> float | None:
+        """The fastest latency of the last BASE_PERIOD seconds: the link's and the work's own."""
+        return self._lows[0][1] if self._lows else None
+
+    @property
+    def latency(self) -> float | None:
+        return self._latency
+
+    def settled(self, latency: float, in_flight: int) -> None:
+        """One event's latency (from its hand-out to its ack), with the events in flight when it ended."""
+        now = self._clock()
+        while self._lows and self._lows[-1][1] >= latency:
+            self._lows.pop()
+        self._lows.append((now, latency))
+        while self._lows[0][0] < now - BASE_PERIOD:
+            self._lows.popleft()
+        self._latency = latency if self._latency is None else self._latency + SMOOTHING * (latency - self._latency)
+        if self._latency > self.visibility / 3:
+            self._size = max(self.minimum, self._size / 2)
+            return
+        queued = self._size * (1 - self._lows[0][1] / self._latency) if self._latency > 0 else 0.0
+        alpha = 3 * max(1.0, math.log10(self._size))
+        if queued > 2 * alpha:
+            self._size = max(float(self.minimum), self._size - 1)
+        elif queued < alpha and in_flight >= self._size - 1:
+            # Only a full window says more would help: an idle worker keeps the window it has.
+            self._size = min(float(self.maximum), self._size + 1)

@@ -1,0 +1,83 @@
+"""The worker's window of events in flight: it follows the link, and backs off when events queue."""
+
+from __future__ import annotations
+
+import pytest
+
+from harel_edge.window import INITIAL, MINIMUM, InFlightWindow
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def settle(window: InFlightWindow, clock: Clock, latency: float, events: int, *, full: bool = True) -> None:
+    for _ in range(events):
+        clock.now += 0.001
+        window.settled(latency, window.size if full else 1)
+
+
+def test_a_window_on_a_slow_link_grows_while_every_event_takes_only_the_link_s_time() -> None:
+    clock = Clock()
+    window = InFlightWindow(256, clock=clock)
+    settle(window, clock, 0.100, 500)
+    assert window.size == 256, "latency flat at the link's: more in flight only adds throughput"
+
+
+def test_a_window_stops_growing_once_events_queue_and_settles_near_what_the_work_needs() -> None:
+    clock = Clock()
+    window = InFlightWindow(256, clock=clock)
+    settle(window, clock, 0.010, 10)  # the fastest an event goes: the base
+    # A worker whose work takes 1 ms of CPU each: every event beyond 10 in flight waits its turn.
+    for _ in range(2000):
+        clock.now += 0.001
+        window.settled(max(0.010, window.size * 0.001), window.size)
+    assert 10 <= window.size <= 30, f"about 10 travelling plus a few queued, not {window.size}"
+
+
+def test_a_window_shrinks_when_the_primary_slows_down() -> None:
+    clock = Clock()
+    window = InFlightWindow(256, clock=clock)
+    settle(window, clock, 0.020, 300)
+    grown = window.size
+    settle(window, clock, 0.080, 300)  # the primary answers four times slower
+    assert window.size < grown
+
+
+def test_an_idle_worker_keeps_the_window_it_has() -> None:
+    clock = Clock()
+    window = InFlightWindow(256, clock=clock)
+    settle(window, clock, 0.020, 500, full=False)
+    assert window.size == INITIAL, "only a full window says more would help"
+
+
+def test_a_latency_near_the_lease_halves_the_window_so_no_lease_lapses_while_it_waits() -> None:
+    clock = Clock()
+    window = InFlightWindow(256, visibility=3.0, clock=clock)
+    settle(window, clock, 2.0, 30)
+    assert window.size == MINIMUM
+
+
+def test_the_window_stays_within_its_bounds() -> None:
+    clock = Clock()
+    window = InFlightWindow(2, clock=clock)
+    assert window.size == 2
+    settle(window, clock, 0.1, 100)
+    assert window.size == 2
+    settle(window, clock, 5.0, 100)
+    assert window.size == 2
+    with pytest.raises(ValueError, match="at least 1"):
+        InFlightWindow(0)
+
+
+def test_the_base_latency_is_measured_again_after_its_period() -> None:
+    clock = Clock()
+    window = InFlightWindow(256, clock=clock)
+    window.settled(0.005, 1)
+    clock.now += 11.0
+    window.settled(0.050, 1)
+    assert window.base == 0.050, "a fast event long ago says nothing about the link now"
