@@ -1,30 +1,28 @@
 """How many statechart events one worker keeps in flight: enough to cover the link to the primary,
 and fewer once events start to queue (a slower primary, a busy loop), within a bound.
 
-The rule is TCP Vegas' applied to events (docs/tuning.md): an event's latency over the fastest
-recently seen says how many of the events in flight are queueing rather than travelling.
+The rule (docs/tuning.md): while events take at most TOLERANCE times the fastest latency seen
+lately, more in flight means more done; past it, events queue, and the window gives some back.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from collections.abc import Callable
 
 INITIAL = 32  # events in flight before anything was measured
-MINIMUM = 4
+MINIMUM = 8  # enough to keep a commit's exchange shared by several events
 BASE_PERIOD = 10.0  # seconds the fastest latency seen counts as the link's own, before it is measured again
 SMOOTHING = 0.1  # weight of each new latency in the running one
+TOLERANCE = 2.0  # latency, as a multiple of the base, up to which the window grows
+SLACK = 0.005  # seconds of latency above that, noise of a busy loop rather than a queue
 
 
 class InFlightWindow:
-    """The number of events in flight to aim for, from each settled event's latency.
-
-    Vegas: `queued = size * (1 - base / latency)` estimates the events waiting behind others
-    rather than on the link; below `alpha` the window grows by one, above `beta` it shrinks by
-    one, and a latency past a third of the lease halves it (a lease must not lapse in a queue).
-    """
+    """The number of events in flight to aim for, from each settled event's latency: one more
+    while a full window's events take under TOLERANCE times the base plus SLACK, one less above
+    that, and half when the latency passes a third of the lease (no lease may lapse in a queue)."""
 
     def __init__(
         self,
@@ -69,10 +67,8 @@ class InFlightWindow:
         if self._latency > self.visibility / 3:
             self._size = max(self.minimum, self._size / 2)
             return
-        queued = self._size * (1 - self._lows[0][1] / self._latency) if self._latency > 0 else 0.0
-        alpha = 3 * max(1.0, math.log10(self._size))
-        if queued > 2 * alpha:
+        if self._latency > TOLERANCE * self._lows[0][1] + SLACK:
             self._size = max(float(self.minimum), self._size - 1)
-        elif queued < alpha and in_flight >= self._size - 1:
+        elif in_flight >= self._size - 1:
             # Only a full window says more would help: an idle worker keeps the window it has.
             self._size = min(float(self.maximum), self._size + 1)
