@@ -1,21 +1,17 @@
 """Logs and metrics: what an operator watching a fleet of edge workers reads and scrapes.
 
-Imports nothing of harel_edge but the scrubber, so every layer may count; design: docs/observability.md.
+Imports nothing of harel_edge but the scrubber and the logs, so every layer may count;
+design: docs/observability.md.
 """
 
 from __future__ import annotations
 
-import logging
-import sys
 import time
-from typing import Literal
 
-import structlog
 from prometheus_client import Counter, Gauge, start_http_server
 
-from harel_edge.redaction import scrub_event
-
-LogFormat = Literal["json", "console"]
+# Re-exported: the logs live in harel_edge.logs, which a command configures without prometheus.
+from harel_edge.logs import LogFormat, configure_logging  # noqa: F401
 
 # ---- metrics -----------------------------------------------------------------------------
 
@@ -134,52 +130,3 @@ def serve_metrics(port: int, addr: str = "127.0.0.1") -> None:
     Loopback by default: a worker opens a port to the network only when told to.
     """
     start_http_server(port, addr=addr)
-
-
-# ---- logs --------------------------------------------------------------------------------
-
-
-def configure_logging(fmt: LogFormat = "console", level: str = "info", stream=None) -> None:
-    """Render structlog's lines and the standard library's (harel's worker) the same way, on stderr.
-
-    `json`: one object per line for a shipper; `console`: readable lines for a terminal.
-    """
-    stream = stream if stream is not None else sys.stderr
-    numeric = logging.getLevelName(level.upper())
-    if not isinstance(numeric, int):
-        numeric = logging.INFO
-    shared = [
-        structlog.contextvars.merge_contextvars,
-        structlog.stdlib.add_log_level,
-        structlog.stdlib.add_logger_name,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-    ]
-    renderer = (
-        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
-    )
-    structlog.configure(
-        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        cache_logger_on_first_use=False,
-    )
-    formatter = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=shared,
-        processors=[
-            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-            structlog.processors.format_exc_info,
-            scrub_event,
-            renderer,
-        ],
-    )
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(formatter)
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(numeric)
-    # httpx logs every request at info ("HTTP Request: POST ..."), a line per round trip to the
-    # primary: shown only when debugging.
-    for noisy in ("httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.DEBUG if numeric <= logging.DEBUG else logging.WARNING)

@@ -11,12 +11,11 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 
-from harel_edge.connection import explain_connect_error
 from harel_edge.errors import (
     AuthError,
     ConfigurationError,
@@ -29,8 +28,9 @@ from harel_edge.errors import (
     tidy,
 )
 from harel_edge.redaction import scrub
-from harel_edge.settings import EdgeSettings
-from harel_edge.settings_variables import setting_sources
+
+if TYPE_CHECKING:
+    from harel_edge.settings import EdgeSettings
 
 HELP_WIDTH = 100
 CONTEXT = {
@@ -83,6 +83,8 @@ class Globals:
     log_level: str = "warning"
 
     def settings(self, **more: Any) -> EdgeSettings:
+        from harel_edge.settings import EdgeSettings  # noqa: PLC0415 - pydantic: not for --help
+
         values = {k: v for k, v in {**self.overrides, **more}.items() if v is not None}
         if self.env_file is not None:
             if not Path(self.env_file).is_file():
@@ -92,6 +94,9 @@ class Globals:
 
     def sources(self) -> dict[str, str]:
         """Where each setting of `settings()` came from (`config show`)."""
+        from harel_edge.settings import EdgeSettings  # noqa: PLC0415
+        from harel_edge.settings_variables import setting_sources  # noqa: PLC0415
+
         given = [k for k, v in self.overrides.items() if v is not None]
         env_file = self.env_file if self.env_file is not None else EdgeSettings.model_config.get("env_file")
         return setting_sources(EdgeSettings.model_fields, given, env_file)
@@ -154,7 +159,7 @@ def main(
     """Settings come from HAREL_EDGE_* variables (and .env); these options override them.
     The auth token is only read from HAREL_EDGE_AUTH_TOKEN (or the env file), never from an
     option, so it stays out of shell history and process listings."""
-    from harel_edge import observability  # noqa: PLC0415
+    from harel_edge.logs import configure_logging  # noqa: PLC0415 - structlog, not the metrics
 
     if log_level.lower() not in LOG_LEVELS:
         fail(EXIT_CONFIG, f"--log-level {log_level!r}: use {', '.join(LOG_LEVELS)}")
@@ -166,7 +171,7 @@ def main(
         log_format = "console" if sys.stderr.isatty() else "json"
     if log_format not in ("json", "console"):
         fail(EXIT_CONFIG, f"--log-format {log_format!r}: use json, console or auto")
-    observability.configure_logging(log_format, log_level)  # type: ignore[arg-type]
+    configure_logging(log_format, log_level)  # type: ignore[arg-type]
     ctx.obj = Globals(
         {"profile": profile, "db_path": db_path, "url": url, "sync_url": sync_url, "prefix": prefix},
         env_file,
@@ -221,6 +226,8 @@ def handled(fn: Callable[..., Any]) -> Callable[..., Any]:
                 "restore it from a backup if it reports damage",
             )
         except ValueError as exc:  # the driver's errors are ValueErrors: explain them
+            from harel_edge.connection import explain_connect_error  # noqa: PLC0415 - imports libsql
+
             settings = maybe_settings(ctx)
             explained = explain_connect_error(settings, exc) if settings is not None else exc
             text = tidy(str(explained))

@@ -10,10 +10,13 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from harel_edge import executions, workflows
 from harel_edge.cli.app import EXIT_PROBLEM, fail, handled, out, plural
 
-STATES = f"<{'|'.join(executions.STATUSES)}>"
+# harel_edge.executions.STATUSES (harel's Status) and harel_edge.workflows.STATES, not imported for
+# `--help` (they pull in harel and libsql); a test checks that they agree.
+STATUSES = ("pending", "running", "done", "cancelled", "suspended", "cancelling", "failed")
+WORKFLOW_STATE_NAMES = ("ready", "sleeping", "running", "finished", "dead")
+STATES = f"<{'|'.join(STATUSES)}>"
 
 
 def _when(value: Any) -> str:
@@ -61,7 +64,10 @@ def executions_list(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
 ) -> None:
     """List the statechart executions: status, active state, queued events, last error. Reads only."""
-    found = executions.list_executions(ctx.obj.settings(), status=state, machine=machine, limit=limit)
+    settings = ctx.obj.settings()
+    from harel_edge import executions  # noqa: PLC0415
+
+    found = executions.list_executions(settings, status=state, machine=machine, limit=limit)
     columns = ("id", "machine", "status", "state", "queued", "updated", "error")
     table = _listing("executions", found, state, as_json, "most recently changed first", columns, ("queued",))
     if table is None:
@@ -82,7 +88,10 @@ def executions_show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Show one execution: status, active state, context, last error, queued events, history. Reads only."""
-    detail = executions.show_execution(ctx.obj.settings(), execution_id, history=history)
+    settings = ctx.obj.settings()
+    from harel_edge import executions  # noqa: PLC0415
+
+    detail = executions.show_execution(settings, execution_id, history=history)
     if _printed_as_json("execution", execution_id, detail, as_json):
         return
     s = detail.summary
@@ -116,7 +125,7 @@ def executions_show(
             out.print(f"  {json.dumps(entry, default=str) if not isinstance(entry, str) else entry}", markup=False)
 
 
-WORKFLOW_STATES = f"<{'|'.join(workflows.STATES)}>"
+WORKFLOW_STATES = f"<{'|'.join(WORKFLOW_STATE_NAMES)}>"
 
 
 @handled
@@ -128,7 +137,10 @@ def workflows_list(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
 ) -> None:
     """List the durable workflows: state, recorded steps, failed passes, last error. Reads only."""
-    found = workflows.list_workflows(ctx.obj.settings(), state=state, namespace=namespace, limit=limit)
+    settings = ctx.obj.settings()
+    from harel_edge import workflows  # noqa: PLC0415
+
+    found = workflows.list_workflows(settings, state=state, namespace=namespace, limit=limit)
     columns = ("workflow", "namespace", "state", "steps", "failed passes", "wakes", "last error")
     table = _listing("workflows", found, state, as_json, "the most recently recorded first", columns, ("steps", "failed passes"))
     if table is None:
@@ -147,7 +159,10 @@ def workflows_show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Show one durable workflow: its state, each recorded step, failed passes, last error. Reads only."""
-    detail = workflows.show_workflow(ctx.obj.settings(), workflow)
+    settings = ctx.obj.settings()
+    from harel_edge import workflows  # noqa: PLC0415
+
+    detail = workflows.show_workflow(settings, workflow)
     if _printed_as_json("workflow", workflow, detail, as_json):
         return
     w = detail.summary

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
 
-from harel_edge import limits
 from harel_edge.cli.app import EXIT_PROBLEM, command_group, fail, handled, out
+
+if TYPE_CHECKING:
+    from harel_edge import limits
 
 limits_app = command_group("Per-key flow control: at most N in flight, at most N claims per period, on every worker.")
 
@@ -39,6 +42,7 @@ def limits_set(
     A limit not given is lifted. Written on the primary.
     """
     settings = ctx.obj.settings()
+    from harel_edge import limits  # noqa: PLC0415
     count, period = limits.parse_rate(rate) if rate is not None else (None, None)
     limit = limits.set_key_limit(settings, key, concurrency=concurrency, rate=count, period=period)
     if as_json:
@@ -57,6 +61,7 @@ def limits_list(
     Counted on the primary (a replica's own file may lag it). Reads only.
     """
     settings = ctx.obj.settings()
+    from harel_edge import limits  # noqa: PLC0415
     found = limits.read_limits(settings)
     if as_json:
         print(json.dumps([limit.as_dict() for limit in found], indent=2))
@@ -86,6 +91,7 @@ def limits_clear(
 ) -> None:
     """Lift every limit of KEY: its groups are claimed freely from the next claim on."""
     settings = ctx.obj.settings()
+    from harel_edge import limits  # noqa: PLC0415
     if not limits.clear_key_limit(settings, key):
         fail(EXIT_PROBLEM, f"{key!r} has no limits: `harel-edge limits list` shows the keys that do")
     out.print(f"{key}: limits lifted", markup=False)

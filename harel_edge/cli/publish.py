@@ -10,9 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harel_edge import publishing
 from harel_edge.cli.app import err, handled, out, plural
 from harel_edge.errors import ConfigurationError
 
@@ -93,6 +91,8 @@ def publish(
         return
     if group is None or kind is None:
         raise ConfigurationError("give GROUP and KIND (e.g. harel-edge publish order-1 Pay), or --from FILE")
+    from harel_edge import publishing  # noqa: PLC0415 - imports harel and libsql
+
     request = publishing.publish_request(
         group,
         kind,
@@ -138,6 +138,10 @@ def _unix_time(text: str) -> float:
 
 def _publish_from(ctx: typer.Context, source: str, definitions: str | None, as_json: bool) -> None:
     """`publish --from`: read and check every line, then send them in batches behind a progress bar."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
+    from harel_edge import publishing  # noqa: PLC0415
+
     if source == "-":
         requests = publishing.read_lines(sys.stdin, "stdin", definitions=definitions)
     else:
