@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import importlib
 import signal
 import time
@@ -26,12 +25,11 @@ from harel_edge.durable import connect as connect_database
 from harel_edge.durable.runtime import DurableWorker, Lost, Outcome, WorkflowFn
 from harel_edge.durable.types import Delivery
 from harel_edge.errors import ConfigurationError
-from harel_edge.executor import blocking_execute
 from harel_edge.inspection import check_usable, inspect_file
 from harel_edge.migration import prepare
 from harel_edge.queue import EventPath, EventTransport
+from harel_edge.sampler import sample_metrics
 from harel_edge.settings import EdgeSettings
-from harel_edge.status import dead_letter_status, flow_status, queue_status
 from harel_edge.store import EventStore
 from harel_edge.worker_loops import EdgeAsyncWorker, durable_loop, restarting, wait_ended
 
@@ -207,9 +205,12 @@ async def run_worker(
     try:
         await database.run(lambda c: prepare(c, migrate=options.migrate, adopt=options.adopt))
         if settings.profile == "replica":
-            # The embedded file serves this machine's local reads (status); it is synced by the sampler.
+            # The embedded file serves this machine's local reads (status). libsql syncs it in the
+            # background: its own `sync()` holds the GIL, which would stall this loop for its length.
             try:
-                replica = await asyncio.to_thread(EdgeConnection, settings)
+                interval = settings.sync_interval or options.sample_every
+                opened = settings.model_copy(update={"sync_interval": interval})
+                replica = await asyncio.to_thread(EdgeConnection, opened)
             except Exception as exc:  # noqa: BLE001 - only this machine's local reads depend on it
                 log.warning(
                     "embedded replica not opened: this machine's local reads (status) stay as they are",
@@ -295,55 +296,6 @@ async def run_worker(
         passes=report.passes,
     )
     return report
-
-
-def _record_depth(summary: dict) -> None:
-    observability.QUEUE_DEPTH.clear()
-    for row in summary["by_priority_and_routing_key"]:
-        for state in ("queued", "in_flight", "parked"):
-            observability.QUEUE_DEPTH.labels(str(row["priority"]), state).inc(row[state])
-
-
-def _record_flow(flow: dict) -> None:
-    observability.HELD_BACK.labels("waiting_head").set(flow["groups_waiting_for_their_head"])
-    observability.HELD_BACK.labels("limit").set(flow["groups_held_by_limits"])
-
-
-def _record_dead(dead: dict) -> None:
-    observability.DEAD_LETTERS.labels("message").set(dead["messages"])
-    observability.DEAD_LETTERS.labels("workflow").set(dead["workflows"])
-
-
-# What the sampler reads on the primary (read, execute, prefix) and which metrics it sets from it.
-SAMPLES = (
-    ("queue", functools.partial(queue_status, top=0), _record_depth),
-    ("flow", flow_status, _record_flow),
-    ("dead-letter", dead_letter_status, _record_dead),
-)
-
-
-async def sample_metrics(
-    replica: EdgeConnection | None, executor: Any, settings: EdgeSettings, every: float, stop: asyncio.Event
-) -> None:
-    """Every `every` seconds: the queue's depth for the metrics (read on the primary through the
-    executor), and a sync of the embedded replica, if any, so its lag metric means something."""
-    execute = blocking_execute(executor, asyncio.get_running_loop())
-    while not stop.is_set():
-        if replica is not None:
-            try:
-                await asyncio.to_thread(replica.sync)
-                observability.record_sync(True)
-            except Exception as exc:  # noqa: BLE001 - reported, and the next sample tries again
-                observability.record_sync(False)
-                log.warning("sync failed", where="worker", error=f"{type(exc).__name__}: {str(exc)[:300]}")
-            observability.refresh_sync_lag()
-        for name, read, record in SAMPLES:
-            try:
-                record(await asyncio.to_thread(read, execute, settings.prefix))
-            except Exception as exc:  # noqa: BLE001 - sampling is best effort
-                log.debug(f"{name} sample failed", error=str(exc)[:200])
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), every)
 
 
 def serve(settings: EdgeSettings, options: WorkerOptions) -> WorkerReport:

@@ -18,9 +18,10 @@ from prometheus_client import REGISTRY
 from harel_edge import LibsqlTransport, observability, retry
 from harel_edge.connection import EdgeConnection
 from harel_edge.executor import open_executor
+from harel_edge.sampler import sample_metrics
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
-from harel_edge.worker import load_definitions, sample_metrics
+from harel_edge.worker import load_definitions
 
 EXAMPLES = str(Path(__file__).resolve().parents[2] / "harel_edge" / "examples")
 

@@ -10,8 +10,8 @@ from prometheus_client import REGISTRY
 
 from harel_edge import LibsqlTransport, limits
 from harel_edge.executor import open_executor
+from harel_edge.sampler import sample_metrics
 from harel_edge.settings import ExplicitSettings
-from harel_edge.worker import sample_metrics
 
 
 def gauge(name: str, **labels: str) -> float | None:
