@@ -15,13 +15,13 @@ INITIAL = 32  # events in flight before anything was measured
 MINIMUM = 8  # enough to keep a commit's exchange shared by several events
 BASE_PERIOD = 10.0  # seconds the fastest latency seen counts as the link's own, before it is measured again
 SMOOTHING = 0.1  # weight of each new latency in the running one
-TOLERANCE = 2.0  # latency, as a multiple of the base, up to which the window grows
+TOLERANCE = 3.0  # latency, as a multiple of the base, up to which the window grows
 SLACK = 0.005  # seconds of latency above that, noise of a busy loop rather than a queue
 
 
 class InFlightWindow:
     """The number of events in flight to aim for, from each settled event's latency: one more
-    while a full window's events take under TOLERANCE times the base plus SLACK, one less above
+    while a busy window's events take under TOLERANCE times the base plus SLACK, one less above
     that, and half when the latency passes a third of the lease (no lease may lapse in a queue)."""
 
     def __init__(
@@ -69,6 +69,7 @@ class InFlightWindow:
             return
         if self._latency > TOLERANCE * self._lows[0][1] + SLACK:
             self._size = max(float(self.minimum), self._size - 1)
-        elif in_flight >= self._size - 1:
-            # Only a full window says more would help: an idle worker keeps the window it has.
+        elif 2 * in_flight >= self._size:
+            # Only a busy window says more would help (half of it, since one answer ends several
+            # events at once): an idle worker keeps the window it has.
             self._size = min(float(self.maximum), self._size + 1)

@@ -51,14 +51,16 @@ class HranaExecutor(ClosesOnce):
     """Units of work for a remote primary; safe to use from many coroutines of one event loop.
 
     Up to `max_requests` exchanges in flight, `max_units` units each; `linger` applies only under load.
+    Few, large exchanges: each unit is a write transaction of its own, and exchanges that overlap
+    on the primary wait for its write lock by polling (docs/executor.md).
     """
 
     def __init__(
         self,
         settings: EdgeSettings,
         *,
-        max_requests: int = 8,
-        max_units: int = 64,
+        max_requests: int = 2,
+        max_units: int = 128,
         linger: float | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:

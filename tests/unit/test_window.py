@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harel_edge.window import INITIAL, MINIMUM, InFlightWindow
+from harel_edge.window import INITIAL, MINIMUM, SLACK, TOLERANCE, InFlightWindow
 
 
 class Clock:
@@ -36,7 +36,9 @@ def test_a_window_stops_growing_once_events_queue_and_settles_near_what_the_work
     for _ in range(2000):
         clock.now += 0.001
         window.settled(max(0.010, window.size * 0.001), window.size)
-    assert 10 <= window.size <= 30, f"about 10 travelling plus a few queued, not {window.size}"
+    # It grows until events take TOLERANCE times the base plus SLACK (35 ms: 35 in flight), no further.
+    assert TOLERANCE * 0.010 + SLACK == pytest.approx(0.035)
+    assert 30 <= window.size <= 40, f"about 35, not {window.size}"
 
 
 def test_a_window_shrinks_when_the_primary_slows_down() -> None:
