@@ -46,3 +46,64 @@ def decode(value: dict[str, Any]) -> Value:
     if kind == "blob":
         return base64.b64decode(value["base64"])
     raise ValueError(f"unknown Hrana value type {kind!r}")
+
+
+# ---- units of work sharing one transaction ------------------------------------------------------------
+
+_OPEN = {"type": "not", "cond": {"type": "is_autocommit"}}  # the batch's transaction still runs
+UNIT_SAVEPOINT = "harel_edge_unit"
+NOT_RUN = object()  # a unit the transaction ended before it ran: it goes again on its own
+
+
+def _ok(step: int) -> dict[str, Any]:
+    return {"type": "ok", "step": step}
+
+
+def _all(*conds: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "and", "conds": list(conds)}
+
+
+def grouped_batch(units: list[list[Stmt]]) -> tuple[dict[str, Any], list[tuple[int, int]]]:
+    """One Hrana batch running `units` in ONE transaction, a savepoint each: a unit whose
+    statement fails is rolled back alone, the others commit together (one fsync on the primary).
+    Returns the request and, for each unit, the steps of its savepoint and first statement."""
+    steps: list[dict[str, Any]] = [{"stmt": stmt_json(Stmt("BEGIN IMMEDIATE"))}]
+    layout = []
+    for stmts in units:
+        savepoint = len(steps)
+        steps.append({"stmt": stmt_json(Stmt(f"SAVEPOINT {UNIT_SAVEPOINT}")), "condition": _OPEN})
+        layout.append((savepoint, savepoint + 1))
+        for stmt in stmts:
+            steps.append({"stmt": stmt_json(stmt), "condition": _all(_ok(len(steps) - 1), _OPEN)})
+        last = len(steps) - 1
+        steps.append({"stmt": stmt_json(Stmt(f"RELEASE {UNIT_SAVEPOINT}")), "condition": _all(_ok(last), _OPEN)})
+        undo = len(steps)
+        failed = {"type": "not", "cond": _ok(last)}
+        steps.append({"stmt": stmt_json(Stmt(f"ROLLBACK TO {UNIT_SAVEPOINT}")), "condition": _all(failed, _ok(savepoint), _OPEN)})
+        steps.append({"stmt": stmt_json(Stmt(f"RELEASE {UNIT_SAVEPOINT}")), "condition": _ok(undo)})
+    commit = len(steps)
+    steps.append({"stmt": stmt_json(Stmt("COMMIT")), "condition": _OPEN})
+    steps.append({"stmt": stmt_json(Stmt("ROLLBACK")), "condition": _all({"type": "not", "cond": _ok(commit)}, _OPEN)})
+    return {"type": "batch", "batch": {"steps": steps}}, layout
+
+
+def grouped_outcomes(
+    batch: dict[str, Any], layout: list[tuple[int, int]], counts: list[int]
+) -> list[list[dict[str, Any]] | StatementError | object]:
+    """Each unit's raw statement results, its StatementError, or NOT_RUN (see `grouped_batch`)."""
+    results, errors = batch["step_results"], batch.get("step_errors") or []
+    error_at = {i: e for i, e in enumerate(errors) if e is not None}
+    commit = len(results) - 2
+    committed = results[commit] is not None and commit not in error_at
+    outcomes: list[Any] = []
+    for (savepoint, first), count in zip(layout, counts, strict=True):
+        failed = next((i for i in range(first, first + count) if i in error_at), None)
+        if failed is not None:
+            outcomes.append(statement_error(error_at[failed], failed - first))
+        elif results[savepoint] is None or (not committed and commit not in error_at):
+            outcomes.append(NOT_RUN)
+        elif not committed:
+            outcomes.append(statement_error(error_at[commit], count))
+        else:
+            outcomes.append(results[first : first + count])
+    return outcomes

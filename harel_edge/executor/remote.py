@@ -16,7 +16,14 @@ import structlog
 
 from harel_edge.errors import AuthError, PrimaryUnavailableError
 from harel_edge.executor import ClosesOnce, ExecutorClosedError, Result, StatementError, Stmt
-from harel_edge.executor.hrana import decode, statement_error, stmt_json
+from harel_edge.executor.hrana import (
+    NOT_RUN,
+    decode,
+    grouped_batch,
+    grouped_outcomes,
+    statement_error,
+    stmt_json,
+)
 from harel_edge.redaction import scrub
 from harel_edge.settings import EdgeSettings
 
@@ -45,6 +52,8 @@ class _Unit:
     request: dict[str, Any]
     future: asyncio.Future
     statements: int  # 0 for a single execute, else the transaction's statement count
+    stmts: list[Stmt]
+    alone: bool = False  # sent as its own request, never in a shared transaction
 
 
 class HranaExecutor(ClosesOnce):
@@ -92,7 +101,7 @@ class HranaExecutor(ClosesOnce):
 
     async def execute(self, stmt: Stmt, *, volatile: bool = False) -> Result:  # noqa: ARG002 - the primary decides durability
         request = {"type": "execute", "stmt": stmt_json(stmt)}
-        return await self._submit(request, 0)
+        return await self._submit(request, 0, [stmt])
 
     async def transaction(self, stmts: list[Stmt]) -> list[Result]:
         if not stmts:
@@ -104,7 +113,7 @@ class HranaExecutor(ClosesOnce):
         steps.append(
             {"stmt": stmt_json(Stmt("ROLLBACK")), "condition": {"type": "not", "cond": {"type": "ok", "step": commit}}}
         )
-        return await self._submit({"type": "batch", "batch": {"steps": steps}}, len(stmts))
+        return await self._submit({"type": "batch", "batch": {"steps": steps}}, len(stmts), stmts)
 
     async def _close(self) -> None:
         while self._tasks:
@@ -113,11 +122,11 @@ class HranaExecutor(ClosesOnce):
 
     # ---- coalescing --------------------------------------------------------------------------
 
-    def _submit(self, request: dict[str, Any], statements: int) -> asyncio.Future:
+    def _submit(self, request: dict[str, Any], statements: int, stmts: list[Stmt]) -> asyncio.Future:
         if self.closed:
             raise ExecutorClosedError(f"{self!r} was closed: open a new transport or store to go on")
         future = asyncio.get_running_loop().create_future()
-        self._queue.append(_Unit(request, future, statements))
+        self._queue.append(_Unit(request, future, statements, stmts))
         if not self._draining:
             self._start_drain()
         return future
@@ -163,9 +172,16 @@ class HranaExecutor(ClosesOnce):
             raise asyncio.CancelledError
 
     async def _exchange(self, units: list[_Unit]) -> None:
+        """Several units with a write among them share one transaction (one commit on the
+        primary); otherwise each unit is a request of its own in the exchange."""
+        grouped = len(units) > 1 and any(u.statements for u in units) and not any(u.alone for u in units)
         self._in_flight += 1
         try:
-            results = await self._post([u.request for u in units])
+            if grouped:
+                request, layout = grouped_batch([u.stmts for u in units])
+                results = await self._post([request])
+            else:
+                results = await self._post([u.request for u in units])
         except BaseException as exc:
             error = exc if isinstance(exc, Exception) else PrimaryUnavailableError(
                 f"the request to the primary at {self.where} was cancelled in flight; its outcome "
@@ -180,6 +196,9 @@ class HranaExecutor(ClosesOnce):
         finally:
             self._in_flight -= 1
             self._slots.release()
+        if grouped:
+            self._settle_together(units, results[0], layout)
+            return
         for unit, result in zip(units, results, strict=False):
             if unit.future.done():
                 continue
@@ -187,6 +206,31 @@ class HranaExecutor(ClosesOnce):
                 unit.future.set_result(self._unit_result(result, unit.statements))
             except Exception as exc:  # noqa: BLE001 - handed to the unit's caller
                 unit.future.set_exception(exc)
+
+    def _settle_together(self, units: list[_Unit], answer: dict[str, Any], layout: list[tuple[int, int]]) -> None:
+        """Each unit's answer from the shared transaction; those it never ran go again alone."""
+        try:
+            if answer.get("type") != "ok":
+                raise statement_error(answer.get("error") or {}, 0)
+            outcomes = grouped_outcomes(answer["response"]["result"], layout, [len(u.stmts) for u in units])
+        except Exception as exc:  # noqa: BLE001 - handed to every unit's caller
+            outcomes = [exc] * len(units)
+        again = []
+        for unit, outcome in zip(units, outcomes, strict=True):
+            if unit.future.done():
+                continue
+            if outcome is NOT_RUN:
+                unit.alone = True
+                again.append(unit)
+            elif isinstance(outcome, Exception):
+                unit.future.set_exception(outcome)
+            else:
+                results = [self._result(raw) for raw in outcome]
+                unit.future.set_result(results[0] if unit.statements == 0 else results)
+        if again:
+            self._queue[:0] = again
+            if not self._draining:
+                self._start_drain()
 
     def session(self) -> HranaSession:
         """A stream of its own on the primary, for work that holds a transaction across round
