@@ -55,13 +55,13 @@ def _work(settings, me: str, start: threading.Barrier, handled: dict, errors: li
 
 
 def test_two_threads_with_their_own_faces_on_one_replica_file_work_at_once_and_every_row_is_right(
-    sqld_primary, tmp_path: Path
+    fresh_sqld_primary, tmp_path: Path
 ):
     settings = ExplicitSettings.load(
         profile="replica",
         db_path=str(tmp_path / "shared-replica.db"),
-        sync_url=sqld_primary.http_url,
-        auth_token=sqld_primary.rw_token,
+        sync_url=fresh_sqld_primary.http_url,
+        auth_token=fresh_sqld_primary.rw_token,
         prefix=f"two_{uuid.uuid4().hex[:8]}",
         retry_deadline=20.0,
     )
