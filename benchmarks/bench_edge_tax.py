@@ -5,7 +5,8 @@ ONE `harel-edge worker` (`run_worker`, in this process) drains the demo's order 
 `harel_edge.testing.proxy.LatencyProxy`, on the sqld and replica profiles. Cells run in
 interleaved rounds (every latency of a profile, then the next round) and the median of the rounds
 is reported, with each latency's rate as a share of the same profile's rate at 0 ms, the loop's
-lag (p99 / worst), the window the worker settled on and the process's peak resident memory.
+lag (p99 / worst), the window the worker ended with and the benchmark process's peak resident
+memory so far (cells run one after another in it: the first cell's figure is one worker's).
 
     .venv/bin/python benchmarks/bench_edge_tax.py
     .venv/bin/python benchmarks/bench_edge_tax.py --orders 150 --rounds 1 --rtts 0,100
@@ -79,9 +80,9 @@ def main() -> None:
             summary = {
                 "profile": profile,
                 "rtt_ms": rtt,
-                "events_per_s": rate,
+                "events_per_s": round(rate),
                 "vs_0ms": round(rate / base, 2) if base else None,
-                "lag_p99_ms": statistics.median(r["lag_p99_ms"] for r in rows),
+                "lag_p99_ms": round(statistics.median(r["lag_p99_ms"] for r in rows), 1),
                 "lag_max_ms": max(r["lag_max_ms"] for r in rows),
                 "window": rows[-1]["window"],
                 "rss_mb": max(r["rss_mb"] for r in rows),
@@ -90,7 +91,7 @@ def main() -> None:
             table.append(summary)
             ratio = f"{summary['vs_0ms']:.2f}x" if summary["vs_0ms"] is not None else ""
             print(
-                f"| {profile} | {rtt:g} | {rate:g} | {ratio} | {summary['lag_p99_ms']} / {summary['lag_max_ms']} | "
+                f"| {profile} | {rtt:g} | {round(rate)} | {ratio} | {summary['lag_p99_ms']} / {summary['lag_max_ms']} | "
                 f"{summary['window']} | {summary['rss_mb']} | {summary['all_delivered']} |"
             )
     if args.json:
