@@ -1,4 +1,5 @@
-"""The edge worker through a 20 ms link while it is killed and its primary is paused and killed.
+"""The edge worker through a 100 ms link, its window following it, while it is killed and its
+primary is paused and killed.
 
 Each execution is a chain of ten states, one event a step (Start, then E1..E10), and each step adds one to
 `count`: an event applied twice overshoots, a lost one stalls the chain, an event out of order
@@ -70,7 +71,7 @@ def worker_env(profile: str, proxy: LatencyProxy, server, prefix: str, n: int, t
 
 def start(env: dict[str, str], definitions: Path, cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [COMMAND, "--log-level", "warning", "worker", "-D", str(definitions), "--max-in-flight", "8"],
+        [COMMAND, "--log-level", "warning", "worker", "-D", str(definitions)],
         env=env,
         cwd=cwd,
         stdout=subprocess.DEVNULL,
@@ -105,7 +106,7 @@ def test_every_event_is_applied_exactly_once_in_order_while_workers_are_killed_a
             probe.close()
 
     kills, held_at_kill, faults = 0, 0, []
-    with LatencyProxy(server.http_port, delay=0.010) as proxy:
+    with LatencyProxy(server.http_port, delay=0.050) as proxy:
         envs = [worker_env(profile, proxy, server, prefix, n, tmp_path) for n in range(2)]
         workers = [start(env, definitions, tmp_path) for env in envs]
         try:
