@@ -20,7 +20,7 @@ from harel_edge.executor import Stmt
 from harel_edge.queue import statements as sql
 from harel_edge.queue.dead_letters import DeadLetters
 from harel_edge.queue.leases import Clock, EventPath, LeaseKey, Ride
-from harel_edge.queue.statements import BATCH_ROWS, Message
+from harel_edge.queue.statements import Message
 
 log = structlog.get_logger("harel_edge.transport")
 
@@ -101,7 +101,8 @@ class EventTransport(DeadLetters):
             return 0
         q = self.path.queue
         now, window, batch = self.path.now(), self.path.settings.publish_window, secrets.token_hex(8)
-        stmts = [sql.publish_statement(q, rows[i : i + BATCH_ROWS], now, window, batch) for i in range(0, len(rows), BATCH_ROWS)]
+        rows_per = sql.BATCH_ROWS
+        stmts = [sql.publish_statement(q, rows[i : i + rows_per], now, window, batch) for i in range(0, len(rows), rows_per)]
 
         async def attempt() -> bool:
             if len(stmts) == 1:

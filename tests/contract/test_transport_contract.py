@@ -266,18 +266,21 @@ def test_an_event_sent_to_its_group_again_within_the_window_is_queued_once(make_
     assert count == 3, "every id sent is kept once per group until its window ends"
 
 
-def test_a_batch_publish_keeps_order_across_chunks_and_groups(make_transport):
+def test_a_batch_publish_keeps_order_across_chunks_and_groups(make_transport, monkeypatch):
+    import harel_edge.queue.statements as transport_module
+
+    monkeypatch.setattr(transport_module, "BATCH_ROWS", 20)  # 121 messages: 7 statements
     t = make_transport(Clock())
-    batch = [Message(f"g{i % 3}", Event(kind=f"{i % 3}:{i}"), priority=i % 3) for i in range(1201)]
-    assert t.publish_many(batch) == 1201
-    assert t.depth() == 1201
+    batch = [Message(f"g{i % 3}", Event(kind=f"{i % 3}:{i}"), priority=i % 3) for i in range(121)]
+    assert t.publish_many(batch) == 121
+    assert t.depth() == 121
     seen: dict[str, list[int]] = {}
     while leases := t.claim_many("w", 30, 3):  # each group's head in turn
         for lease in leases:
             group, number = lease.event.kind.split(":")
             seen.setdefault(group, []).append(int(number))
         assert all(t.ack_many(leases))
-    assert {g: len(v) for g, v in seen.items()} == {"0": 401, "1": 400, "2": 400}
+    assert {g: len(v) for g, v in seen.items()} == {"0": 41, "1": 40, "2": 40}
     assert all(v == sorted(v) for v in seen.values()), "FIFO within each group"
 
 
