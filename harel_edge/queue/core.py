@@ -6,6 +6,7 @@ applied twice (a lease not acked lapses, a publish is idempotent on its event id
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
@@ -101,8 +102,8 @@ class EventTransport(DeadLetters):
             return 0
         q = self.path.queue
         now, window, batch = self.path.now(), self.path.settings.publish_window, secrets.token_hex(8)
-        rows_per = sql.BATCH_ROWS
-        stmts = [sql.publish_statement(q, rows[i : i + rows_per], now, window, batch) for i in range(0, len(rows), rows_per)]
+        n = sql.BATCH_ROWS  # read now: tests lower it
+        stmts = [sql.publish_statement(q, rows[i : i + n], now, window, batch) for i in range(0, len(rows), n)]
 
         async def attempt() -> bool:
             if len(stmts) == 1:
@@ -151,14 +152,8 @@ class EventTransport(DeadLetters):
         self._buffer_for = wanted
 
     async def claim_many(
-        self,
-        worker_id: str,
-        visibility: float,
-        n: int,
-        min_priority: int = 0,
-        routing_keys: Sequence[str] | None = None,
-        *,
-        with_execution: bool = False,
+        self, worker_id: str, visibility: float, n: int, min_priority: int = 0,
+        routing_keys: Sequence[str] | None = None, *, with_execution: bool = False,
     ) -> list[Lease]:
         """Lease the heads of up to `n` groups in one statement, in round-robin order. With
         `with_execution` the statement also reads each message's execution, which the
@@ -254,10 +249,10 @@ class EventTransport(DeadLetters):
                     self._report.claims += len(leases)
                 await self._stash(leases, wanted)
 
-        def ended() -> None:
-            self._riding -= free - 1
+        return Ride(statement, lookup, take, refused, ended=functools.partial(self._rode, free - 1))
 
-        return Ride(statement, lookup, take, refused, ended)
+    def _rode(self, extra: int) -> None:
+        self._riding -= extra
 
     def _claim_statement(self, keyed: bool, with_execution: bool, limited: bool) -> str:
         statement = self._sql.get((keyed, with_execution, limited))
