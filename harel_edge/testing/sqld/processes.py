@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from harel_edge.testing.sqld.backends import Backend, _docker_client
@@ -126,7 +127,13 @@ class _BinaryProcess:
             self._proc.wait()
 
     def pause(self) -> None:
+        """SIGSTOP, then wait until every thread has stopped: the stop reaches each thread
+        asynchronously, and on a loaded machine one answered another request first (seen on CI)."""
         self.signal(signal.SIGSTOP)
+        for _ in range(1000):  # at most 10 s
+            if _all_threads_stopped(self._proc.pid):
+                return
+            time.sleep(0.01)
 
     def resume(self) -> None:
         self.signal(signal.SIGCONT)
@@ -140,6 +147,15 @@ class _BinaryProcess:
 
     def remove(self) -> None:
         self.kill()
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Whether /proc shows every thread of `pid` stopped (state T), or the process gone."""
+    try:
+        stats = [path.read_text() for path in Path(f"/proc/{pid}/task").glob("*/stat")]
+    except OSError:
+        return False
+    return all(stat.rpartition(")")[2].split()[0] in ("T", "t") for stat in stats)
 
 
 class _DockerProcess:
