@@ -20,7 +20,7 @@ from pathlib import Path
 
 from harel.spec.states import Event
 
-from harel_edge import observability
+from harel_edge import logs
 from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
 
@@ -66,7 +66,7 @@ def main() -> int:
     parser.add_argument("--sizes", default="1000,10000,50000")
     parser.add_argument("--claims", type=int, default=300)
     args = parser.parse_args()
-    observability.configure_logging(level="warning")
+    logs.configure_logging(level="warning")
     sizes = [int(s) for s in args.sizes.split(",")]
     results: dict[str, dict[int, float]] = {name: {} for name, _ in ROWS}
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,7 +20,7 @@ from pathlib import Path
 from harel.engine.transport import SqliteTransport
 from harel.spec.states import Event
 
-from harel_edge import observability
+from harel_edge import logs
 from harel_edge.executor import open_executor
 from harel_edge.queue import EventPath, EventTransport, LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=32, help="claim_many's n")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    observability.configure_logging(level="warning")
+    logs.configure_logging(level="warning")
     rates: dict[str, list[float]] = {"harel": [], "one": [], "many": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):

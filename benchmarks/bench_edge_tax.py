@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bench_worker import run_edge
 
-from harel_edge import observability
+from harel_edge import logs, observability
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import start_sqld_primary
 from harel_edge.testing.proxy import LatencyProxy
@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    observability.configure_logging(level="warning", stream=sys.stderr)
+    logs.configure_logging(level="warning", stream=sys.stderr)
     profiles, rtts = args.profiles.split(","), [float(x) for x in args.rtts.split(",")]
     cells: dict[tuple[str, float], list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp, start_sqld_primary() as server:

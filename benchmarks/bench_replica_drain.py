@@ -62,9 +62,9 @@ def drain_harel(url: str, token: str, db: str, prefix: str, n: int, start, done)
 
 def drain_sync(url: str, token: str, db: str, prefix: str, n: int, start, done) -> None:  # noqa: ANN001
     """The sync face, claim + ack one at a time (`n` == 1) or `claim_many(n)` + `ack_many`."""
-    from harel_edge import observability  # noqa: PLC0415
+    from harel_edge import logs  # noqa: PLC0415
 
-    observability.configure_logging(level="warning")
+    logs.configure_logging(level="warning")
     settings = ExplicitSettings.load(profile="replica", db_path=db, sync_url=url, auth_token=token, prefix=prefix)
     with LibsqlTransport(settings=settings, create_schema=False) as t:
         start.wait()
@@ -124,11 +124,11 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=16, help="claim_many's n")
     parser.add_argument("--delay", type=float, default=0.0, help="proxy delay each way, seconds")
     args = parser.parse_args()
-    from harel_edge import observability  # noqa: PLC0415
+    from harel_edge import logs  # noqa: PLC0415
     from harel_edge.testing import start_sqld_primary  # noqa: PLC0415
     from harel_edge.testing.proxy import LatencyProxy  # noqa: PLC0415
 
-    observability.configure_logging(level="warning")
+    logs.configure_logging(level="warning")
     with tempfile.TemporaryDirectory() as tmp, start_sqld_primary() as server:
         proxy = LatencyProxy(server.http_port, delay=args.delay) if args.delay else None
         url = proxy.url if proxy else server.http_url

@@ -41,7 +41,7 @@ from harel.engine.distributed import Worker  # noqa: E402
 from harel.engine.execution import Execution  # noqa: E402
 from harel.spec.states import Event  # noqa: E402
 
-from harel_edge import LibsqlTransport, Message, observability  # noqa: E402
+from harel_edge import LibsqlTransport, Message, logs  # noqa: E402
 from harel_edge.settings import ExplicitSettings  # noqa: E402
 from harel_edge.store import EdgeStore  # noqa: E402
 from harel_edge.worker import load_definitions  # noqa: E402
@@ -185,7 +185,7 @@ def main() -> int:
     modes = args.execution.split(",")
     from harel_edge.testing import start_sqld_primary  # noqa: PLC0415
 
-    observability.configure_logging(level="warning")
+    logs.configure_logging(level="warning")
     out: list[str] = []
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)

@@ -32,7 +32,7 @@ from pathlib import Path
 from harel.engine.execution import Execution, Status
 from harel.spec.states import Event
 
-from harel_edge import observability
+from harel_edge import logs
 from harel_edge.executor import Stmt, open_executor
 from harel_edge.migration import prepare_database
 from harel_edge.queue import LibsqlTransport, Message
@@ -169,7 +169,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    observability.configure_logging(level="warning", stream=sys.stderr)
+    logs.configure_logging(level="warning", stream=sys.stderr)
     profiles = args.profiles.split(",")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

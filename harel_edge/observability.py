@@ -11,7 +11,6 @@ import time
 from prometheus_client import Counter, Gauge, start_http_server
 
 # Re-exported: the logs live in harel_edge.logs, which a command configures without prometheus.
-from harel_edge.logs import LogFormat, configure_logging  # noqa: F401
 
 # ---- metrics -----------------------------------------------------------------------------
 

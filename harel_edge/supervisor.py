@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harel_edge import observability
+from harel_edge import logs, observability
 from harel_edge.settings import EdgeSettings
 from harel_edge.worker import WorkerOptions, WorkerReport, run_worker
 
@@ -29,7 +29,7 @@ def _child(
     """A spawned worker process: runs until the parent sets `stop_flag` or it gets SIGTERM;
     sets `ready_flag` once its schema is in place and it is about to claim."""
     os.environ.setdefault("RUST_LOG", "off")
-    observability.configure_logging(log_format, log_level)  # type: ignore[arg-type]
+    logs.configure_logging(log_format, log_level)  # type: ignore[arg-type]
     if settings.metrics_port:
         observability.serve_metrics(settings.metrics_port)
 

@@ -15,7 +15,7 @@ from harel.engine.execution import Execution
 from harel.spec.states import Event
 from prometheus_client import REGISTRY
 
-from harel_edge import LibsqlTransport, observability, retry
+from harel_edge import LibsqlTransport, logs, retry
 from harel_edge.connection import EdgeConnection
 from harel_edge.executor import open_executor
 from harel_edge.sampler import sample_metrics
@@ -31,7 +31,7 @@ def log_lines():
     stream = io.StringIO()
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
-    observability.configure_logging("json", "info", stream=stream)
+    logs.configure_logging("json", "info", stream=stream)
 
     def lines(event: str | None = None) -> list[dict]:
         found = [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]

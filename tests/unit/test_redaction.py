@@ -12,7 +12,7 @@ import httpx
 import pytest
 import structlog
 
-from harel_edge import observability, retry
+from harel_edge import logs, retry
 from harel_edge.errors import PrimaryUnavailableError
 from harel_edge.executor import Stmt
 from harel_edge.executor.remote import HranaExecutor
@@ -40,7 +40,7 @@ def log_lines():
     stream = io.StringIO()
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
-    observability.configure_logging("json", "debug", stream=stream)
+    logs.configure_logging("json", "debug", stream=stream)
     yield stream
     for handler in list(root.handlers):
         root.removeHandler(handler)
