@@ -107,6 +107,66 @@ def test_a_concurrency_limit_of_2_holds_with_several_transports_claiming_at_once
         assert limit.waiting == 18, "the rest of the tenant's groups wait because of the limit"
 
 
+HOT_GROUPS, EACH = 20, 3  # the limited key's groups, and the messages in each
+
+
+def _drain_and_time(settings, barrier, results) -> None:
+    """One worker process: claim, handle (a few milliseconds of work), ack, until nothing is left;
+    report each handled message with its handler's entry and exit on the machine's monotonic clock."""
+    transport = LibsqlTransport(settings=settings)
+    try:
+        barrier.wait(timeout=60)
+        handled, idle, deadline = [], 0, time.monotonic() + 90  # a hang guard, not a measurement
+        while idle < 3 and time.monotonic() < deadline:
+            lease = transport.claim("w", VISIBILITY)
+            if lease is None:
+                idle = idle + 1 if transport.depth() == 0 else 0
+                time.sleep(0.02)  # polling pace while the others finish; no verdict rests on it
+                continue
+            entered = time.monotonic()
+            time.sleep(0.005)  # the handler's work
+            handled.append((lease.group_id, lease.event.kind, entered, time.monotonic()))
+            assert transport.ack(lease), f"the lease of {lease.group_id} held until its ack"
+        results.put(handled)
+    except BaseException as exc:  # noqa: BLE001 - reported to the test, which fails on it
+        results.put(repr(exc))
+    finally:
+        transport.close()
+
+
+def most_at_once(spans) -> int:
+    """The largest number of (entry, exit) spans open at one instant."""
+    edges = sorted([(entered, 1) for entered, _ in spans] + [(left, -1) for _, left in spans])
+    open_, most = 0, 0
+    for _, step in edges:
+        open_ += step
+        most = max(most, open_)
+    return most
+
+
+def test_three_processes_draining_run_at_most_2_of_a_limited_key_at_once_and_every_message_once_in_order(edge):
+    t = LibsqlTransport(settings=edge.settings())
+    with contextlib.closing(t), on_primary(t.settings, t) as execute:
+        limits.set_limit(execute, t.settings.prefix, "tenant", concurrency=2)
+        hot = [(f"t{g}", Event(kind=f"t{g}.{i}"), 0, None, "tenant") for i in range(EACH) for g in range(HOT_GROUPS)]
+        other = [(f"o{g}", Event(kind=f"o{g}.{i}"), 0, None, "other") for i in range(EACH) for g in range(10)]
+        t.publish_many(hot + other)
+        ctx = multiprocessing.get_context("spawn")
+        barrier, results = ctx.Barrier(3), ctx.Queue()
+        arguments = [(edge.peer(t.settings), barrier, results) for _ in range(3)]
+        reports = answers(ctx, _drain_and_time, arguments, results, timeout=180)
+        assert all(isinstance(report, list) for report in reports), reports
+        handled = [row for report in reports for row in report]
+        kinds_handled = sorted(kind for _, kind, _, _ in handled)
+        assert kinds_handled == sorted(message[1].kind for message in hot + other), "every message handled once"
+        tenant = [(entered, left) for group, _, entered, left in handled if group.startswith("t")]
+        assert most_at_once(tenant) <= 2, "never more than 2 of the limited key's handlers at once"
+        for group in {group for group, *_ in handled}:
+            mine = sorted((entered, kind) for g, kind, entered, _ in handled if g == group)
+            assert [kind for _, kind in mine] == [f"{group}.{i}" for i in range(EACH)], f"{group} in order"
+        assert limits.list_limits(execute, t.settings.prefix)[0].in_flight == 0, "every slot given back"
+
+
 def test_a_lapsed_lease_frees_its_slot(edge, make_transport):
     now = [1000.0]
     t = make_transport(lambda: now[0])
