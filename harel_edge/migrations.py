@@ -11,7 +11,7 @@ from typing import Any
 
 from harel.engine.schema import DEFAULT_PREFIX
 
-from harel_edge import schema, schema_flow
+from harel_edge import heartbeats, schema, schema_flow
 from harel_edge.errors import SchemaError, SchemaTooNewError
 from harel_edge.executor import Stmt
 
@@ -67,6 +67,13 @@ VERSIONS: tuple[Version, ...] = (
         _none,
         schema_flow.debounce_v8,
         lambda prefix: [schema_flow.FlowNames(prefix).publish_view],
+    ),
+    Version(
+        9,
+        "workers' heartbeats",
+        _none,
+        heartbeats.workers_v9,
+        lambda prefix: [heartbeats.workers_table(prefix)],
     ),
 )
 

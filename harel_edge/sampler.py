@@ -1,17 +1,21 @@
-"""What a worker samples for its metrics every few seconds: the queue, held-back work and dead
-letters (read on the primary), and whether its embedded replica keeps syncing in the background."""
+"""What a worker samples every few seconds: the queue, held-back work and dead letters for its
+metrics (read on the primary), whether its embedded replica keeps syncing in the background, and
+its heartbeat (written on the primary, for `status`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import functools
+import os
+import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
 
-from harel_edge import observability
+from harel_edge import heartbeats, observability
 from harel_edge.connection import EdgeConnection
 from harel_edge.executor import blocking_execute
 from harel_edge.inspection import last_sync_of_replica_file
@@ -56,7 +60,8 @@ class ReplicaWatch:
         self.stale_after = 2 * interval + every  # two missed syncs and a sample
         self.seen: float | None = None
 
-    def check(self) -> None:
+    def check(self) -> float | None:
+        """Record the replica's freshness; return its lag in seconds (None: it never synced)."""
         last = last_sync_of_replica_file(self.path)
         if last is not None and (self.seen is None or last > self.seen):
             self.seen = last
@@ -65,19 +70,43 @@ class ReplicaWatch:
             observability.record_sync(False)
             since = "never" if last is None else f"{time.time() - last:.1f} s ago"
             log.warning("sync failed", where="worker", error=f"the replica last synced {since}; is the primary reachable?")
-        observability.refresh_sync_lag()
+        return observability.refresh_sync_lag()
+
+
+def identity(settings: EdgeSettings) -> tuple[str, str, str, int]:
+    """Who a heartbeat is from: worker id, profile, host and process id."""
+    return settings.worker_id, settings.profile, socket.gethostname(), os.getpid()
+
+
+async def send_heartbeat(
+    executor: Any, settings: EdgeSettings, every: float, vitals: heartbeats.Vitals, *, stopped: bool = False
+) -> None:
+    """One heartbeat on the primary, through the executor; a failure is logged, never raised."""
+    execute = blocking_execute(executor, asyncio.get_running_loop())
+    try:
+        await asyncio.to_thread(
+            heartbeats.beat, execute, settings.prefix, identity(settings), every, vitals, stopped=stopped
+        )
+    except Exception as exc:  # noqa: BLE001 - a missed beat shows as a silent worker, nothing worse
+        log.debug("heartbeat failed", error=str(exc)[:200])
 
 
 async def sample_metrics(
-    replica: EdgeConnection | None, executor: Any, settings: EdgeSettings, every: float, stop: asyncio.Event
+    replica: EdgeConnection | None,
+    executor: Any,
+    settings: EdgeSettings,
+    every: float,
+    stop: asyncio.Event,
+    vitals: Callable[[float | None], heartbeats.Vitals],
 ) -> None:
-    """Every `every` seconds: the queue's depth and the rest for the metrics (read on the primary
-    through the executor), and the embedded replica's freshness, if there is one."""
+    """Every `every` seconds: the worker's heartbeat (`vitals(replica_lag)`), the queue's depth
+    and the rest for the metrics (read on the primary through the executor), and the embedded
+    replica's freshness, if there is one."""
     execute = blocking_execute(executor, asyncio.get_running_loop())
     watch = None if replica is None else ReplicaWatch(settings.db_path, settings.sync_interval or every, every)
     while not stop.is_set():
-        if watch is not None:
-            watch.check()
+        lag = watch.check() if watch is not None else None
+        await send_heartbeat(executor, settings, every, vitals(lag))
         for name, read, record in SAMPLES:
             try:
                 record(await asyncio.to_thread(read, execute, settings.prefix))

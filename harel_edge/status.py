@@ -1,18 +1,17 @@
-"""What `harel-edge status` reports: the queue, the workflows, the dead letters and the replica,
+"""What `harel-edge status` reports: the queue, the workers, the workflows, the dead letters and the replica,
 read through one `execute(sql, params)` and never written."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from harel_edge import schema
 from harel_edge.access import open_for_reading
-from harel_edge.errors import (
-    SchemaError,
-)
+from harel_edge.errors import SchemaError
+from harel_edge.heartbeats import WorkerSeen, workers_seen
 from harel_edge.inspection import (
     Execute,
     check_usable,
@@ -192,6 +191,7 @@ class StatusReport:
     replica: ReplicaStatus | None = None
     executions: dict[str, int] | None = None  # executions by status (lower case); None: no table
     flow: dict[str, Any] | None = None  # what holds work back (`flow_status`)
+    workers: list[WorkerSeen] = field(default_factory=list)  # each worker's last heartbeat
 
     def as_dict(self) -> dict[str, Any]:
         """The --json output: absent sections are left out, not null."""
@@ -203,6 +203,7 @@ class StatusReport:
         }
         if self.flow is not None:
             values["flow"] = self.flow
+        values["workers"] = [worker.as_dict() for worker in self.workers]
         if self.workflows is not None:
             values["workflows"] = self.workflows
         if self.dead_letters is not None:
@@ -249,6 +250,7 @@ def collect_status(settings: EdgeSettings, top: int = 10) -> StatusReport:
             facts.user_version,
             queue_status(reader.execute, settings.prefix, top=top),
             flow=flow_status(reader.execute, settings.prefix),
+            workers=workers_seen(reader.execute, settings.prefix),
         )
         if "workflow_queue" in facts.tables:
             report.workflows = workflow_status(reader.execute)

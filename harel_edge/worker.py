@@ -25,10 +25,11 @@ from harel_edge.durable import connect as connect_database
 from harel_edge.durable.runtime import DurableWorker, Lost, Outcome, WorkflowFn
 from harel_edge.durable.types import Delivery
 from harel_edge.errors import ConfigurationError
+from harel_edge.heartbeats import Vitals
 from harel_edge.inspection import check_usable, inspect_file
 from harel_edge.migration import prepare
 from harel_edge.queue import EventPath, EventTransport
-from harel_edge.sampler import sample_metrics
+from harel_edge.sampler import sample_metrics, send_heartbeat
 from harel_edge.settings import EdgeSettings
 from harel_edge.store import EventStore
 from harel_edge.worker_loops import EdgeAsyncWorker, durable_loop, restarting, wait_ended
@@ -246,8 +247,17 @@ async def run_worker(
                     durable_loop(loop, stop, options.poll), name=f"workflows:{spec.namespace}"
                 )
             )
+        def vitals(replica_lag: float | None) -> Vitals:
+            window = harel_worker.window if definitions else None
+            return Vitals(
+                settled=report.acks + report.dead_letters + sum(report.passes.values()),
+                in_flight_target=None if window is None else window.size,
+                latency=None if window is None else window.latency,
+                replica_lag=replica_lag,
+            )
+
         sampler = asyncio.create_task(
-            sample_metrics(replica, executor, settings, options.sample_every, stop), name="sampler"
+            sample_metrics(replica, executor, settings, options.sample_every, stop, vitals), name="sampler"
         )
         log.info(
             "worker started",
@@ -283,6 +293,7 @@ async def run_worker(
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await sampler
         report.groups = harel_worker.transport.group_counts()
+        await send_heartbeat(executor, settings, options.sample_every, vitals(None), stopped=True)
     finally:
         await database.aclose()
         if replica is not None:

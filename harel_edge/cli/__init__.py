@@ -4,7 +4,7 @@ The package parses, renders and maps errors to exit codes; the work is in the li
 """
 
 from harel_edge.cli.app import app, config_app, dead_letter_app, executions_app, workflows_app
-from harel_edge.cli.commands import config_show, demo, doctor, migrate, status, worker
+from harel_edge.cli.commands import config_show, demo, doctor, migrate, worker
 from harel_edge.cli.dead_letters import (
     dead_letter_list,
     dead_letter_purge,
@@ -15,6 +15,7 @@ from harel_edge.cli.executions import executions_list, executions_show, workflow
 from harel_edge.cli.limits import limits_app, limits_clear, limits_list, limits_set
 from harel_edge.cli.publish import publish
 from harel_edge.cli.reference import command_paths, help_text, reference, reference_markdown
+from harel_edge.cli.status import status
 
 # Registered here, in the order `--help` lists them: the README's first command first.
 for _command in (demo, worker, publish, status, migrate, doctor):

@@ -9,7 +9,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -20,7 +20,6 @@ from harel_edge.cli.app import (
     fail,
     handled,
     out,
-    plural,
 )
 from harel_edge.errors import (
     ConfigurationError,
@@ -29,153 +28,7 @@ from harel_edge.errors import (
 # The library modules are imported by the commands that use them, once the settings are read: they
 # pull in harel, libsql and the metrics, which `--help` and a refused configuration do not need.
 
-# ---- status ---------------------------------------------------------------------------------------
-
-
-@handled
-def status(
-    ctx: typer.Context,
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
-    groups: int = typer.Option(10, "--groups", min=0, help="How many of the deepest groups to list."),
-) -> None:
-    """Show the queue, the workflows and a replica's lag.
-
-    Depth by priority, routing key and group, in flight, parked, workflows, last sync. Reads only.
-    """
-    settings = ctx.obj.settings()
-    from harel_edge.status import collect_status  # noqa: PLC0415
-
-    report = collect_status(settings, top=groups)
-    if as_json:
-        print(json.dumps(report.as_dict(), indent=2, default=str))
-        return
-    queue = report.queue
-    totals = queue["totals"]
-    oldest = queue["oldest"]
-    age = oldest["age_seconds"]
-    out.print(
-        f"{report.profile} at {report.where} (schema {report.schema_version}): "
-        f"{plural(totals['messages'], 'message')} in {plural(totals['groups'], 'group')}, {totals['in_flight']} in flight, "
-        f"{totals['parked']} parked",
-        markup=False,
-    )
-    if oldest["seq"] is not None:
-        out.print(
-            f"oldest message: #{oldest['seq']} of {oldest['group_id']}"
-            + (
-                f", {age:.1f} s old"
-                if age is not None
-                else " (age unknown: its publisher did not stamp created_time)"
-            ),
-            markup=False,
-        )
-    if not queue["by_priority_and_routing_key"]:
-        out.print("queue by priority and routing key: none (the queue is empty)", markup=False)
-    else:
-        table = Table(title="queue by priority and routing key")
-        for column in ("priority", "routing key", "groups", "messages", "queued", "in flight", "parked"):
-            table.add_column(column, justify="right" if column != "routing key" else "left")
-        for row in queue["by_priority_and_routing_key"]:
-            table.add_row(
-                str(row["priority"]),
-                row["routing_key"] or "-",
-                *(str(row[k]) for k in ("groups", "messages", "queued", "in_flight", "parked")),
-            )
-        out.print(table)
-    if queue["deepest_groups"]:
-        deepest = Table(title=f"deepest groups (up to {groups})")
-        for column in ("group", "priority", "routing key", "messages", "head"):
-            deepest.add_column(column)
-        for row in queue["deepest_groups"]:
-            deepest.add_row(
-                row["group_id"],
-                str(row["priority"]),
-                row["routing_key"] or "-",
-                str(row["messages"]),
-                row["head"],
-            )
-        out.print(deepest)
-    if report.flow is not None:
-        _print_flow(report.flow)
-    workflows = report.workflows
-    if workflows is not None and not workflows["namespaces"]:
-        out.print(
-            f"workflows: none queued ({workflows['finished']} finished, {workflows['claimed']} claimed now)",
-            markup=False,
-        )
-    elif workflows is not None:
-        failing = workflows["failing"]
-        table = Table(
-            title=f"workflows ({workflows['finished']} finished, {workflows['claimed']} claimed now"
-            + (f", {failing} failing: `harel-edge workflows list`" if failing else "")
-            + ")"
-        )
-        for column in ("namespace", "ready", "sleeping", "claimed", "next wake"):
-            table.add_column(column)
-        for row in workflows["namespaces"]:
-            wake = row["next_wake_in_seconds"]
-            table.add_row(
-                row["namespace"],
-                str(row["ready"]),
-                str(row["sleeping"]),
-                str(row["claimed"]),
-                "-" if wake is None else f"in {wake:.1f} s",
-            )
-        out.print(table)
-    counts = report.executions
-    if counts is not None:
-        shown = ", ".join(f"{count} {status}" for status, count in sorted(counts.items())) or "none"
-        _counted(out, f"executions: {shown}", counts.get("failed", 0), "executions list --state failed` shows the failed ones")
-    dead = report.dead_letters
-    if dead is not None:
-        shown = f"{plural(dead['messages'], 'message')}, {plural(dead['workflows'], 'workflow')}"
-        _counted(out, f"dead letters: {shown}", dead["messages"] + dead["workflows"], "dead-letter list` shows them")
-    replica = report.replica
-    if replica is not None:
-        lag = replica.lag_seconds
-        out.print(
-            f"replica {replica.file}: "
-            + (
-                "never synced on this machine"
-                if lag is None
-                else f"last synced {replica.last_sync_at} ({lag:.1f} s ago)"
-            )
-            + (
-                f", sees {plural(replica.messages_seen_locally, 'message')} locally"
-                if replica.messages_seen_locally is not None
-                else ""
-            ),
-            markup=False,
-        )
-
-
 # ---- migrate --------------------------------------------------------------------------------------
-
-
-def _print_flow(flow: dict[str, Any]) -> None:
-    """What holds work back: groups behind a head that waits for its time, and each limited key."""
-    from harel_edge.limits import format_period  # noqa: PLC0415
-
-    waiting, due = flow["groups_waiting_for_their_head"], flow["next_due_in_seconds"]
-    if waiting:
-        out.print(
-            f"held back: {plural(waiting, 'group')} behind a delayed, debounced or parked head"
-            f" (the next due in {due:.1f} s)",
-            markup=False,
-        )
-    for limit in flow["limits"]:
-        bounds = []
-        if limit["concurrency"] is not None:
-            bounds.append(f"{limit['in_flight']} of {limit['concurrency']} in flight")
-        if limit["rate"] is not None:
-            bounds.append(f"{limit['claims_in_period']} of {limit['rate']} claims in {format_period(limit['period'])}")
-        held = f", {plural(limit['waiting'], 'group')} waiting for room" if limit["waiting"] else ""
-        out.print(f"limit {limit['key']}: {', '.join(bounds)}{held}", markup=False)
-
-
-def _counted(out: Any, line: str, notable: int, hint: str) -> None:
-    """A status line, with the command that shows more when there is something to see."""
-    out.print(line + (f" (`harel-edge {hint})" if notable else ""), markup=False)
 
 
 @handled

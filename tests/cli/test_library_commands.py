@@ -89,10 +89,12 @@ def test_collect_status_returns_a_report_whose_dict_is_the_json_output(settings)
         "schema_version",
         "queue",
         "flow",
+        "workers",
         "workflows",
         "dead_letters",
         "executions",
     ]
+    assert report.workers == [], "no worker has sent a heartbeat"
     assert report.executions == {}  # the table is there, with no execution yet
 
 
