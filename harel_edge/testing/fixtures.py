@@ -83,17 +83,49 @@ def _primary() -> Iterator[SqldServer]:
         server.close()
 
 
+# The primaries tests share (session and module), while they run: what each test makes on them
+# is dropped after it (`_shared_primaries_keep_only_what_was_there`).
+_SHARED: list[SqldServer] = []
+
+
+def _shared_primary() -> Iterator[SqldServer]:
+    for server in _primary():
+        _SHARED.append(server)
+        try:
+            yield server
+        finally:
+            _SHARED.remove(server)
+
+
 @pytest.fixture(scope="session")
 def sqld_primary() -> Iterator[SqldServer]:
-    """A sqld primary shared by the session (auth on; ``rw_token`` / ``ro_token``)."""
-    yield from _primary()
+    """A sqld primary shared by the session (auth on; ``rw_token`` / ``ro_token``); the tables
+    a test makes on it are dropped after the test."""
+    yield from _shared_primary()
 
 
 @pytest.fixture(scope="module")
 def module_sqld_primary() -> Iterator[SqldServer]:
     """A sqld primary shared by one test module: a start for many tests, and a shorter log for
-    each new embedded replica to replay than a primary shared by the whole run."""
-    yield from _primary()
+    each new embedded replica to replay than a primary shared by the whole run; the tables a
+    test makes on it are dropped after the test."""
+    yield from _shared_primary()
+
+
+@pytest.fixture(autouse=True)
+def _shared_primaries_keep_only_what_was_there(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a sqld test, drop the tables, views and triggers it made on a shared primary: sqld
+    reads the whole schema for every stream it opens, so kept ones would slow every later test."""
+    if request.node.get_closest_marker("sqld") is None:
+        yield
+        return
+    from harel_edge.testing.prefixes import drop_new_objects, object_names  # noqa: PLC0415
+
+    before = {id(server): object_names(server) for server in _SHARED if server.state == "running"}
+    yield
+    for server in list(_SHARED):
+        if server.state == "running":  # one started by this test had nothing before it
+            drop_new_objects(server, before.get(id(server), set()))
 
 
 @pytest.fixture
