@@ -10,6 +10,7 @@ from typing import Any
 from harel_edge.schema import DB_NOW, EdgeNames, Execute, table_exists
 
 FORGET_AFTER = 86_400.0  # a worker not seen for a day leaves the table
+SILENT_AFTER = 10.0  # the least silence that marks a worker silent, whatever its period
 
 
 def workers_table(prefix: str) -> str:
@@ -66,7 +67,7 @@ def beat(
 @dataclass(frozen=True)
 class WorkerSeen:
     """A worker as its last heartbeat left it; `state` is running, stopped or silent (no beat
-    for three of its periods: killed, hung or cut off from the primary)."""
+    for three of its periods, and at least `SILENT_AFTER` seconds: killed, hung or cut off)."""
 
     worker_id: str
     profile: str
@@ -91,7 +92,7 @@ def workers_seen(execute: Execute, prefix: str) -> list[WorkerSeen]:
         return []
     rows = execute(
         f"SELECT worker_id, profile, host, pid, CASE WHEN stopped_at IS NOT NULL THEN 'stopped'"
-        f" WHEN t.now - seen_at > 3 * every THEN 'silent' ELSE 'running' END,"
+        f" WHEN t.now - seen_at > max(3 * every, {SILENT_AFTER}) THEN 'silent' ELSE 'running' END,"
         f" max(t.now - seen_at, 0), COALESCE(stopped_at, seen_at) - started_at, settled, in_flight_target,"
         f" latency, replica_lag FROM {table}, (SELECT {DB_NOW} AS now) AS t ORDER BY worker_id",
         (),

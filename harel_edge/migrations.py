@@ -9,11 +9,10 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harel.engine.schema import DEFAULT_PREFIX
-
 from harel_edge import heartbeats, schema, schema_flow
 from harel_edge.errors import SchemaError, SchemaTooNewError
 from harel_edge.executor import Stmt
+from harel_edge.schema import DEFAULT_PREFIX
 
 
 @dataclass(frozen=True)

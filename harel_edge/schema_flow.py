@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harel.engine.schema import DEFAULT_PREFIX
-
-from harel_edge.schema import DB_NOW, PARKED, EdgeNames
+from harel_edge.schema import DB_NOW, DEFAULT_PREFIX, PARKED, EdgeNames
 
 
 @dataclass(frozen=True)

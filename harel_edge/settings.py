@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import secrets
 import socket
 from collections.abc import Sequence
@@ -19,15 +18,13 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from harel_edge.errors import ConfigurationError
 from harel_edge.redaction import MARK, remember
+from harel_edge.schema import check_prefix
 from harel_edge.server_url import check_server_url, is_url
 from harel_edge.settings_variables import ENV_PREFIX, explain, variable_for, warn_unknown_variables
 
 Profile = Literal["local", "sqld", "replica"]
 PROFILES: tuple[str, ...] = ("local", "sqld", "replica")
 
-# harel's own rule for a prefix (harel.engine.schema.Names): a prefix it matches needs no import of
-# harel (a quarter second at every start); any other is judged, and explained, by harel itself.
-PREFIX_RULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,29}")
 
 # The publish window's range: at least a retry's whole default deadline (60 s) past the first
 # attempt, at most a year (the table keeps one row an event for the window).
@@ -190,13 +187,10 @@ class EdgeSettings(BaseSettings):
     @field_validator("prefix")
     @classmethod
     def _valid_prefix(cls, value: str) -> str:
-        if not PREFIX_RULE.fullmatch(value):
-            from harel.engine.schema import Names  # noqa: PLC0415 - imports all of harel
-
-            try:
-                Names(value)
-            except ValueError as exc:
-                raise ValueError(f"HAREL_EDGE_PREFIX: {exc}") from None
+        try:
+            check_prefix(value)
+        except ValueError as exc:
+            raise ValueError(f"HAREL_EDGE_PREFIX: {exc}") from None
         if f"{value}_".lower().startswith("sqlite_"):  # every table is named `<prefix>_...`
             raise ValueError(
                 f"HAREL_EDGE_PREFIX={value!r} would name the tables sqlite_..., which SQLite reserves for "

@@ -101,7 +101,7 @@ class WorkerOptions:
 
     definitions_dir: str | None = None
     workflows: tuple[WorkflowSpec, ...] = ()
-    idle_sleep: float = 0.05  # pause between claims when the queue is empty
+    idle_sleep: float = 0.05  # first pause between claims when the queue is empty (doubling to IDLE_MAX)
     poll: float = 1.0  # how often an idle durable loop looks for ready workflows
     migrate: bool = True  # create or upgrade the schema at start (else only check it)
     adopt: bool = False  # accept a database holding other applications' tables

@@ -19,6 +19,8 @@ from harel_edge.window import InFlightWindow
 
 log = structlog.get_logger("harel_edge.worker")
 
+IDLE_MAX = 0.5  # the longest pause between claims of an idle worker: a new event waits at most this
+
 
 class EdgeAsyncWorker(AsyncWorker):
     """harel's async worker with a window of events in flight that follows the link
@@ -54,6 +56,7 @@ class EdgeAsyncWorker(AsyncWorker):
             observability.record_window(self.window)
 
         self.transport.concurrency = self.window.size
+        idle = idle_sleep
         while not stop.is_set():
             if len(pending) >= self.window.size:
                 await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -64,9 +67,13 @@ class EdgeAsyncWorker(AsyncWorker):
                     if pending:
                         await asyncio.wait(pending, timeout=idle_sleep, return_when=asyncio.FIRST_COMPLETED)
                     else:
+                        # An idle worker polls less and less often, up to IDLE_MAX: a queue with
+                        # nothing to do costs the primary a few requests a second, not hundreds.
                         with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(stop.wait(), idle_sleep)
+                            await asyncio.wait_for(stop.wait(), idle)
+                        idle = min(max(idle, idle_sleep) * 2, max(IDLE_MAX, idle_sleep))
                 continue
+            idle = idle_sleep
             task = asyncio.create_task(run_one(lease))
             pending.add(task)
             task.add_done_callback(pending.discard)

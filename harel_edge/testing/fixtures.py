@@ -86,6 +86,7 @@ def _primary() -> Iterator[SqldServer]:
 # The primaries tests share (session and module), while they run: what each test makes on them
 # is dropped after it (`_shared_primaries_keep_only_what_was_there`).
 _SHARED: list[SqldServer] = []
+SHARED_FIXTURES = {"sqld_primary", "module_sqld_primary"}
 
 
 def _shared_primary() -> Iterator[SqldServer]:
@@ -114,9 +115,9 @@ def module_sqld_primary() -> Iterator[SqldServer]:
 
 @pytest.fixture(autouse=True)
 def _shared_primaries_keep_only_what_was_there(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After a sqld test, drop the tables, views and triggers it made on a shared primary: sqld
-    reads the whole schema for every stream it opens, so kept ones would slow every later test."""
-    if request.node.get_closest_marker("sqld") is None:
+    """After a test that uses a shared primary, drop the tables, views and triggers it made there:
+    sqld reads the whole schema for every stream it opens, so kept ones would slow every later test."""
+    if not SHARED_FIXTURES.intersection(request.fixturenames):
         yield
         return
     from harel_edge.testing.prefixes import drop_new_objects, object_names  # noqa: PLC0415

@@ -350,3 +350,11 @@ def test_two_processes_migrating_one_file_at_once_both_succeed_and_each_version_
         assert all(isinstance(o, tuple) for o in outcomes), outcomes
         assert sorted(outcomes[0] + outcomes[1]) == list(EVERY), f"each version once: {outcomes}"
         assert objects(path) == latest and user_version(path) == LATEST
+
+
+def test_version_4_is_the_schema_the_installed_harel_creates():
+    from harel.engine.schema import sql_schema
+
+    from harel_edge.schema import harel_tables
+
+    assert harel_tables("edge_x") == list(sql_schema("sqlite", "edge_x"))
