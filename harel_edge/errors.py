@@ -22,6 +22,10 @@ class ConfigurationError(HarelEdgeError, ValueError):
     """
 
 
+class NotFoundError(HarelEdgeError, LookupError):
+    """What a command names is not there (an execution, a workflow): the message says where to look."""
+
+
 class SchemaError(HarelEdgeError):
     """The database's schema is not one this version can use."""
 

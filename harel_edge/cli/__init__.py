@@ -11,6 +11,13 @@ from harel_edge.cli.dead_letters import (
     dead_letter_requeue,
     dead_letter_show,
 )
+from harel_edge.cli.execution_control import (
+    executions_cancel,
+    executions_resume,
+    executions_retry,
+    executions_suspend,
+    executions_terminate,
+)
 from harel_edge.cli.executions import executions_list, executions_show, workflows_list, workflows_show
 from harel_edge.cli.limits import limits_app, limits_clear, limits_list, limits_set
 from harel_edge.cli.publish import publish
@@ -30,6 +37,14 @@ for _name, _command in (
     dead_letter_app.command(_name)(_command)
 executions_app.command("list")(executions_list)
 executions_app.command("show")(executions_show)
+for _name, _command in (
+    ("suspend", executions_suspend),
+    ("resume", executions_resume),
+    ("cancel", executions_cancel),
+    ("terminate", executions_terminate),
+    ("retry", executions_retry),
+):
+    executions_app.command(_name)(_command)
 workflows_app.command("list")(workflows_list)
 workflows_app.command("show")(workflows_show)
 app.add_typer(limits_app, name="limits")

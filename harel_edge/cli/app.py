@@ -60,7 +60,7 @@ app.add_typer(config_app, name="config")
 dead_letter_app = command_group("The messages and workflows that failed too often: list, show, requeue, purge.")
 app.add_typer(dead_letter_app, name="dead-letter")
 executions_app = command_group(
-    "The statechart executions: list them, show one (state, queued events, last error, history)."
+    "The statechart executions: list, show, and suspend, resume, cancel, terminate or retry one."
 )
 app.add_typer(executions_app, name="executions")
 workflows_app = command_group(
