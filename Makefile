@@ -12,7 +12,7 @@ PYTEST_WORKERS ?= 3
 # One line per test as it ends, with the run's percentage; the slowest tests at the end.
 PYTEST_FLAGS   ?= -n $(PYTEST_WORKERS) --maxschedchunk=1 -v --durations=20
 
-.PHONY: demo test test-local lint bench docker terminal sqld-binary sqld-image up down clean
+.PHONY: demo test test-local lint bench docker tools sqld-binary sqld-image up down clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ demo: $(STAMP)
 	$(VENV)/bin/harel-edge demo
 
 ## The whole suite: installs and starts Docker, builds the sqld image, then runs every test.
-test: $(STAMP) docker terminal sqld-binary sqld-image
+test: $(STAMP) docker tools sqld-binary sqld-image
 	$(PY) -m pytest $(PYTEST_FLAGS)
 
 ## Only what needs nothing but the package (no sqld).
@@ -48,9 +48,10 @@ bench: $(STAMP) sqld-binary
 docker:
 	bash scripts/start-docker.sh
 
-## tmux, in which the tests run `status --watch` as a user would.
-terminal:
-	@command -v tmux >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq --no-install-recommends tmux >/dev/null; }
+## tmux and Chromium, in which the tests run `status --watch` and the dashboard as a user would.
+tools:
+	@command -v tmux >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tmux chromium >/dev/null; }
 
 sqld-binary:
 	bash sqld/fetch-binary.sh

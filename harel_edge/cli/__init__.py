@@ -4,7 +4,7 @@ The package parses, renders and maps errors to exit codes; the work is in the li
 """
 
 from harel_edge.cli.app import app, config_app, dead_letter_app, executions_app, workflows_app
-from harel_edge.cli.commands import config_show, demo, doctor, migrate, worker
+from harel_edge.cli.commands import config_show, dashboard, demo, doctor, migrate, worker
 from harel_edge.cli.dead_letters import (
     dead_letter_list,
     dead_letter_purge,
@@ -25,7 +25,7 @@ from harel_edge.cli.reference import command_paths, help_text, reference, refere
 from harel_edge.cli.status import status
 
 # Registered here, in the order `--help` lists them: the README's first command first.
-for _command in (demo, worker, publish, status, migrate, doctor):
+for _command in (demo, worker, publish, status, dashboard, migrate, doctor):
     app.command()(_command)
 config_app.command("show")(config_show)
 for _name, _command in (

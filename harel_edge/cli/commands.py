@@ -222,3 +222,25 @@ def demo(
                 shutil.rmtree(workdir, ignore_errors=True)
     if not ok:
         raise typer.Exit(EXIT_PROBLEM)
+
+
+# ---- dashboard ------------------------------------------------------------------------------------
+
+
+@handled
+def dashboard(
+    ctx: typer.Context,
+    port: int = typer.Option(8800, "--port", min=1, max=65535, metavar="PORT", help="The port to listen on, on 127.0.0.1."),
+    write: bool = typer.Option(False, "--write", help="Allow requeueing dead letters from the page."),
+) -> None:
+    """Serve a web view of the deployment on 127.0.0.1 until Ctrl-C.
+
+    Queue, keys, workers, executions, workflows and dead letters; read-only unless --write."""
+    settings = ctx.obj.settings()
+    from harel_edge.dashboard import serve  # noqa: PLC0415
+    from harel_edge.status import collect_status  # noqa: PLC0415
+
+    collect_status(settings, top=0)  # refuses, as `status` does, what it cannot read
+    mode = "write mode: dead letters can be requeued" if write else "read-only"
+    out.print(f"dashboard on http://127.0.0.1:{port}/ ({mode}); Ctrl-C stops it", markup=False)
+    serve(settings, port=port, write=write)
