@@ -4,9 +4,11 @@ of each), requeueing needs write mode and the page's form token, and what a page
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ from harel_edge.dashboard import create_app
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
 from harel_edge.testing import wait_until
+from harel_edge.testing.fixtures import built_once
 
 EXAMPLES = str(Path(__file__).resolve().parents[2] / "harel_edge" / "examples")
 PAGES = {  # path: a text the page must show (from the deployment's data)
@@ -37,12 +40,10 @@ PAGES = {  # path: a text the page must show (from the deployment's data)
 }
 
 
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory) -> ExplicitSettings:
+def build_deployment(tmp: Path) -> None:
     """The demo's database (orders delivered, workflows finished), plus an execution that failed
     (Pay without an amount) with an event queued behind it, and an event dead-lettered (its
     machine unknown to the worker)."""
-    tmp = tmp_path_factory.mktemp("dashboard")
     db = tmp / "demo.db"
     assert run(["demo", "--db", str(db), "--orders", "3", "--workflows", "2"], env_for({}), tmp, timeout=120).returncode == 0
     env = env_for({"profile": "local", "db_path": str(db)})
@@ -56,8 +57,7 @@ def deployment(tmp_path_factory) -> ExplicitSettings:
         store.save(Execution(id="lost-1", definition_id="nosuchmachine"))  # made by a newer deploy, say
         transport.publish("lost-1", Event(kind="Start"))
     worker = subprocess.Popen(  # noqa: S603
-        [COMMAND, "worker", "-D", EXAMPLES],
-        env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [COMMAND, "worker", "-D", EXAMPLES], env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         wait_until(
@@ -70,7 +70,13 @@ def deployment(tmp_path_factory) -> ExplicitSettings:
         worker.wait(timeout=60)
     # Queued after the worker stopped: an event whose id is markup, which a page must show as text.
     assert run(["publish", "odd-1", "Ship", "--id", "<b>bold?</b>"], env, tmp).returncode == 0
-    return settings
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory) -> ExplicitSettings:
+    """The deployment, built once for the run (the pytest-xdist workers share it; tests read it)."""
+    root = built_once(tmp_path_factory, "dashboard-deployment", build_deployment)
+    return ExplicitSettings.load(profile="local", db_path=str(root / "demo.db"))
 
 
 class Served:
@@ -129,8 +135,9 @@ def test_read_only_shows_no_requeue_and_refuses_one(read_only, deployment):
 
 
 def test_write_mode_requeues_with_the_pages_form_token_only(deployment, tmp_path):
-    copy = tmp_path / "copy.db"  # the module's database stays as the other tests expect it
-    shutil.copy(deployment.db_path, copy)
+    copy = tmp_path / "copy.db"  # the shared database stays as the other tests expect it
+    with contextlib.closing(sqlite3.connect(deployment.db_path)) as source, contextlib.closing(sqlite3.connect(copy)) as target:
+        source.backup(target)  # its WAL too
     settings = ExplicitSettings.load(profile="local", db_path=str(copy))
     (letter,) = dead_letter.read_dead_letters(settings)
     with Served(settings, write=True) as served:

@@ -4,13 +4,13 @@ decided inside the claim statement on the primary, with time moved by hand (an i
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import time
 
 from harel.spec.states import Event
 
 from harel_edge import LibsqlTransport, limits
 from harel_edge.access import Statements, primary_settings
+from harel_edge.testing import spawned
 from harel_edge.testing.spawned import answers
 
 VISIBILITY = 30.0
@@ -91,7 +91,7 @@ def test_a_concurrency_limit_of_2_holds_with_several_transports_claiming_at_once
                 *((f"o{i}", Event(kind=f"o{i}"), 0, None, "other") for i in range(5)),
             ]
         )
-        ctx = multiprocessing.get_context("spawn")
+        ctx = spawned.context()
         barrier, results = ctx.Barrier(3), ctx.Queue()
         arguments = [(edge.peer(t.settings), barrier, results) for _ in range(3)]
         claimed = answers(ctx, _claim_in_a_process, arguments, results, timeout=120)
@@ -151,7 +151,7 @@ def test_three_processes_draining_run_at_most_2_of_a_limited_key_at_once_and_eve
         hot = [(f"t{g}", Event(kind=f"t{g}.{i}"), 0, None, "tenant") for i in range(EACH) for g in range(HOT_GROUPS)]
         other = [(f"o{g}", Event(kind=f"o{g}.{i}"), 0, None, "other") for i in range(EACH) for g in range(10)]
         t.publish_many(hot + other)
-        ctx = multiprocessing.get_context("spawn")
+        ctx = spawned.context()
         barrier, results = ctx.Barrier(3), ctx.Queue()
         arguments = [(edge.peer(t.settings), barrier, results) for _ in range(3)]
         reports = answers(ctx, _drain_and_time, arguments, results, timeout=180)
@@ -316,7 +316,7 @@ def test_three_worker_processes_under_a_rate_limit_never_claim_more_than_its_rat
     with contextlib.closing(t), on_primary(t.settings, t) as execute:
         limits.set_limit(execute, t.settings.prefix, "api", rate=RATE, period=1.0)
         t.publish_many((f"g{i}", Event(kind=f"e{i}"), 0, "api") for i in range(MESSAGES))
-        ctx = multiprocessing.get_context("spawn")
+        ctx = spawned.context()
         barrier, results = ctx.Barrier(3), ctx.Queue()
         arguments = [(edge.peer(t.settings), barrier, results) for _ in range(3)]
         leased = answers(ctx, _claim_until_none_left, arguments, results, timeout=120)
@@ -343,7 +343,7 @@ def test_the_slots_of_a_killed_worker_come_back_when_its_leases_lapse_and_no_soo
     with contextlib.closing(t), on_primary(t.settings, t) as execute:
         limits.set_limit(execute, t.settings.prefix, "tenant", concurrency=2)
         t.publish_many((f"t{i}", Event(kind=f"t{i}"), 0, None, "tenant") for i in range(6))
-        ctx = multiprocessing.get_context("spawn")
+        ctx = spawned.context()
         results = ctx.Queue()
         doomed = ctx.Process(target=_hold_then_wait, args=(edge.peer(t.settings), results))
         doomed.start()

@@ -32,6 +32,7 @@ from harel_edge.durable import (
 from harel_edge.executor import StatementError
 from harel_edge.executor.remote import HranaExecutor
 from harel_edge.settings import EdgeSettings
+from harel_edge.testing import spawned
 from harel_edge.testing.loop import ticks_during
 from harel_edge.testing.proxy import LatencyProxy
 
@@ -467,7 +468,7 @@ def test_the_loop_keeps_ticking_while_a_durable_operation_crosses_a_slow_link(
 
 
 def test_in_a_daemonic_process_the_durable_database_works_and_starts_no_process(sqld_primary) -> None:
-    context = multiprocessing.get_context("spawn")
+    context = spawned.context()
     ours, theirs = context.Pipe()
     settings = {"profile": "sqld", "url": sqld_primary.http_url, "auth_token": sqld_primary.rw_token}
     child = context.Process(target=report_from_a_daemon, args=(settings, theirs), daemon=True)

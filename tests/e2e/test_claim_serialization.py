@@ -22,7 +22,6 @@ saying whether the primary still had the message leased to that claim. From it:
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from harel.spec.states import Event
 from harel_edge.loop_thread import Statements
 from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
-from harel_edge.testing import SqldServer
+from harel_edge.testing import SqldServer, spawned
 
 pytestmark = [pytest.mark.sqld, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -103,7 +102,7 @@ def remote(primary: SqldServer) -> Statements:
 
 def run_workers(profile: str, primary: SqldServer, tmp_path: Path) -> tuple[list[dict[str, Any]], float]:
     """Start the four workers, release them together, wait for their reports; (reports, seconds)."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = spawned.context()
     barrier = ctx.Barrier(len(WORKERS) + 1)
     results = ctx.Queue()
     processes = [

@@ -15,7 +15,6 @@ with auth on its remote mode is refused (401) and the replica mode is the one th
 
 from __future__ import annotations
 
-import multiprocessing
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from harel_edge.loop_thread import Statements
 from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.schema import SCHEMA_VERSION
 from harel_edge.settings import ExplicitSettings
-from harel_edge.testing import SqldServer
+from harel_edge.testing import SqldServer, spawned
 
 pytestmark = [pytest.mark.sqld, pytest.mark.timeout(180)]
 
@@ -94,7 +93,7 @@ def test_two_replica_workers_upgrade_a_harel_09_queue_on_the_primary_at_once_and
     for statement in _workers.log_schema():
         conn.execute(statement)
 
-    ctx = multiprocessing.get_context("spawn")
+    ctx = spawned.context()
     barrier = ctx.Barrier(len(WORKERS) + 1)
     routed_published = ctx.Event()
     results = ctx.Queue()

@@ -8,7 +8,6 @@ and a harel user's queue made by harel 0.9 itself is the common first database.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from harel_edge.errors import SchemaTooNewError
 from harel_edge.executor import Stmt, open_executor
 from harel_edge.executor.remote import HranaExecutor
 from harel_edge.settings import EdgeSettings, ExplicitSettings
-from harel_edge.testing import SqldServer
+from harel_edge.testing import SqldServer, spawned
 from harel_edge.testing.spawned import answers
 
 pytestmark = [pytest.mark.sqld, pytest.mark.timeout(180)]
@@ -147,7 +146,7 @@ def test_two_workers_starting_on_a_harel_09_queue_at_once_apply_each_version_onc
             "auth_token": primary.rw_token,
         },
     ]
-    ctx = multiprocessing.get_context("spawn")
+    ctx = spawned.context()
     barrier, gate, results = ctx.Barrier(2), ctx.Barrier(2), ctx.Queue()
     outcomes = answers(ctx, _start, [(config, barrier, gate, results) for config in configs], results, timeout=120)
     assert all(isinstance(outcome, tuple) for outcome in outcomes), outcomes

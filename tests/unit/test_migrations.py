@@ -4,7 +4,6 @@ earlier schema (harel 0.9's own tables included), by one process or by several a
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import sqlite3
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from harel_edge import migration, migrations, schema
 from harel_edge.connection import EdgeConnection
 from harel_edge.errors import NotADatabaseError, SchemaError, SchemaTooNewError
 from harel_edge.settings import ExplicitSettings
+from harel_edge.testing import spawned
 from harel_edge.testing.spawned import answers
 
 FIXTURES = Path(__file__).parent / "schemas"  # 5 and 6 as the re-converging releases left them
@@ -340,7 +340,7 @@ def _race(path: str, barrier, gate, results) -> None:
 def test_two_processes_migrating_one_file_at_once_both_succeed_and_each_version_is_applied_once(
     source, interleaving, latest, tmp_path
 ):
-    ctx = multiprocessing.get_context("spawn")
+    ctx = spawned.context()
     for attempt in range(2):
         path = tmp_path / f"race{attempt}.db"
         SOURCES[source](path)

@@ -3,7 +3,6 @@ one from a newer harel_edge is refused."""
 
 from __future__ import annotations
 
-import multiprocessing
 import sqlite3
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from harel.spec.states import Event
 
 from harel_edge import LibsqlTransport, SchemaError, SchemaTooNewError, schema
 from harel_edge.settings import ExplicitSettings
+from harel_edge.testing import spawned
 
 HAREL_TRANSPORTS = {"SqliteTransport": HarelSqliteTransport, "LibsqlTransport": HarelLibsqlTransport}
 
@@ -95,7 +95,7 @@ def _start_at_once(path, barrier, results):
 
 
 def test_two_processes_upgrading_one_file_at_the_same_moment_both_start(tmp_path):
-    ctx = multiprocessing.get_context("spawn")
+    ctx = spawned.context()
     for attempt in range(3):  # three races, each on a fresh harel file
         (tmp_path / f"race{attempt}").mkdir()
         path = harel_file(tmp_path / f"race{attempt}", "SqliteTransport")
@@ -206,7 +206,7 @@ def test_a_version_5_file_gets_queue_generations_and_an_arrival_that_bumps_them(
 
 def test_upgrading_a_version_5_file_twice_at_once_adds_the_column_once(tmp_path):
     path = version_5_file(tmp_path)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = spawned.context()
     with ctx.Pool(2) as pool:
         pool.map(_open_and_close, [path, path])
     assert columns(path, "workflow_queue").count("generation") == 1
