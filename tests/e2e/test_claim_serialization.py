@@ -38,8 +38,8 @@ from harel_edge.testing import SqldServer, spawned
 pytestmark = [pytest.mark.sqld, pytest.mark.slow, pytest.mark.timeout(240)]
 
 GROUPS = 50
-PER_GROUP = 20
-TOTAL = GROUPS * PER_GROUP  # 1,000
+PER_GROUP = 12
+TOTAL = GROUPS * PER_GROUP  # 600
 VISIBILITY = 120.0  # far longer than the run: a lapsed lease would be a bug here, not a fault
 FAIRNESS_BOUND = 8  # completed messages between the most and least advanced group, at any time
 
@@ -143,7 +143,7 @@ def run_workers(profile: str, primary: SqldServer, tmp_path: Path) -> tuple[list
 
 
 @pytest.mark.parametrize("profile", ["replica", "sqld"])
-def test_four_workers_drain_1000_messages_once_each_in_group_order_with_one_in_flight_per_group(
+def test_four_workers_drain_600_messages_once_each_in_group_order_with_one_in_flight_per_group(
     profile: str, fresh_sqld_primary: SqldServer, tmp_path: Path
 ) -> None:
     primary = fresh_sqld_primary
