@@ -5,6 +5,7 @@ which adds one action, requeueing a dead letter, behind a per-process form token
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -37,27 +38,22 @@ def create_app(settings: EdgeSettings, *, write: bool = False) -> Starlette:
     def overview(request: Request) -> Response:
         return page("overview.html", report=collect_status(settings, top=10))
 
-    def execution_list(request: Request) -> Response:
-        state = request.query_params.get("state") or None
-        found = executions.list_executions(settings, status=state, limit=LIMIT)
-        return page("executions.html", executions=found, state=state, states=executions.STATUSES)
+    def listing(template: str, states: tuple[str, ...], found: Callable[[str | None], list]) -> Callable:
+        def endpoint(request: Request) -> Response:
+            state = request.query_params.get("state") or None
+            return page(template, rows=found(state), state=state, states=states)
 
-    def execution_detail(request: Request) -> Response:
-        detail = executions.show_execution(settings, request.path_params["id"])
-        if detail is None:
-            return page("missing.html", 404, what="execution", missing=request.path_params["id"])
-        return page("execution.html", detail=detail)
+        return endpoint
 
-    def workflow_list(request: Request) -> Response:
-        state = request.query_params.get("state") or None
-        found = workflows.list_workflows(settings, state=state, limit=LIMIT)
-        return page("workflows.html", workflows=found, state=state, states=workflows.STATES)
+    def detail(template: str, what: str, show: Callable[[EdgeSettings, str], Any]) -> Callable:
+        def endpoint(request: Request) -> Response:
+            wanted = request.path_params["id"]
+            found = show(settings, wanted)
+            if found is None:
+                return page("missing.html", 404, what=what, missing=wanted)
+            return page(template, detail=found)
 
-    def workflow_detail(request: Request) -> Response:
-        detail = workflows.show_workflow(settings, request.path_params["id"])
-        if detail is None:
-            return page("missing.html", 404, what="workflow", missing=request.path_params["id"])
-        return page("workflow.html", detail=detail)
+        return endpoint
 
     def dead_letters(request: Request) -> Response:
         return page("dead_letters.html", letters=dead_letter.read_dead_letters(settings, limit=LIMIT))
@@ -78,10 +74,12 @@ def create_app(settings: EdgeSettings, *, write: bool = False) -> Starlette:
 
     routes = [
         Route("/", overview),
-        Route("/executions", execution_list),
-        Route("/executions/{id:path}", execution_detail),
-        Route("/workflows", workflow_list),
-        Route("/workflows/{id:path}", workflow_detail),
+        Route("/executions", listing("executions.html", executions.STATUSES, lambda state: executions.list_executions(
+            settings, status=state, limit=LIMIT))),
+        Route("/executions/{id:path}", detail("execution.html", "execution", executions.show_execution)),
+        Route("/workflows", listing("workflows.html", workflows.STATES, lambda state: workflows.list_workflows(
+            settings, state=state, limit=LIMIT))),
+        Route("/workflows/{id:path}", detail("workflow.html", "workflow", workflows.show_workflow)),
         Route("/dead-letters", dead_letters),
         Route("/dead-letters/{id:int}/requeue", requeue, methods=["POST"]),
     ]

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harel_edge import heartbeats, schema, schema_flow
+from harel_edge import heartbeats, schema, schema_flow, schema_harel
 from harel_edge.errors import SchemaError, SchemaTooNewError
 from harel_edge.executor import Stmt
 from harel_edge.schema import DEFAULT_PREFIX
@@ -36,8 +36,8 @@ VERSIONS: tuple[Version, ...] = (
         4,
         "harel 0.9's execution store and transport tables, as harel creates them",
         _none,
-        schema.harel_tables,
-        schema.harel_names,
+        schema_harel.harel_tables,
+        schema_harel.harel_names,
     ),
     Version(
         5,

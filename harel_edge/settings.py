@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from harel_edge.errors import ConfigurationError
 from harel_edge.redaction import MARK, remember
-from harel_edge.schema import check_prefix
+from harel_edge.schema_harel import check_prefix
 from harel_edge.server_url import check_server_url, is_url
 from harel_edge.settings_variables import ENV_PREFIX, explain, variable_for, warn_unknown_variables
 

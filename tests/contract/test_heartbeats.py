@@ -11,12 +11,11 @@ from harel.spec.states import Event
 
 import harel_edge.examples.actions as actions
 from harel_edge.cli.status import SettledRate
-from harel_edge.executor import open_executor
 from harel_edge.heartbeats import WorkerSeen
 from harel_edge.migration import prepare_database
-from harel_edge.queue import EventPath, EventTransport, Message
+from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.status import StatusReport, collect_status
-from harel_edge.store import EventStore
+from harel_edge.store import EdgeStore
 from harel_edge.worker import WorkerOptions, run_worker
 
 EXAMPLES = str(Path(actions.__file__).parent)
@@ -24,16 +23,11 @@ STEPS = (("Start", {}), ("Pay", {"amount": 2.0}), ("Ship", {}), ("Deliver", {}))
 ORDERS = 5
 
 
-async def seed(settings) -> None:
-    executor = open_executor(settings)
-    try:
-        path = EventPath(executor, settings)
-        store, transport = EventStore(path), EventTransport(path)
+def seed(settings) -> None:
+    with EdgeStore(settings, create_schema=False) as store, LibsqlTransport(settings=settings, create_schema=False) as t:
         for i in range(ORDERS):
-            await store.save(Execution(id=f"order-{i}", definition_id="order"))
-        await transport.publish_many(Message(f"order-{i}", Event(kind=k, data=d)) for i in range(ORDERS) for k, d in STEPS)
-    finally:
-        await executor.aclose()
+            store.save(Execution(id=f"order-{i}", definition_id="order"))
+        t.publish_many(Message(f"order-{i}", Event(kind=k, data=d)) for i in range(ORDERS) for k, d in STEPS)
 
 
 def mine(report: StatusReport, worker_id: str) -> WorkerSeen | None:
@@ -44,7 +38,7 @@ def test_a_worker_is_seen_running_with_what_it_settled_then_stopped(edge):
     settings = edge.settings()
     prepare_database(settings)
     assert collect_status(settings).workers == [], "no worker has started yet"
-    asyncio.run(seed(settings))
+    seed(settings)
 
     async def main() -> tuple[WorkerSeen, WorkerSeen]:
         stop = asyncio.Event()

@@ -38,7 +38,7 @@ def test_the_choices_the_help_lists_are_the_librarys_own():
 def test_a_prefix_passes_without_harel_only_when_harel_accepts_it(prefix):
     from harel.engine.schema import Names
 
-    from harel_edge.schema import PREFIX_RULE
+    from harel_edge.schema_harel import PREFIX_RULE
 
     try:
         Names(prefix)

@@ -13,7 +13,7 @@ from harel.engine.transport import LibsqlTransport as HarelLibsqlTransport
 from harel.engine.transport import SqliteTransport as HarelSqliteTransport
 from harel.spec.states import Event
 
-from harel_edge import migration, migrations, schema
+from harel_edge import migration, migrations, schema_harel
 from harel_edge.connection import EdgeConnection
 from harel_edge.errors import NotADatabaseError, SchemaError, SchemaTooNewError
 from harel_edge.settings import ExplicitSettings
@@ -78,7 +78,7 @@ def legacy(path, version: int, *, with_store: bool) -> None:
     db = open_db(path)
     db.executescript((FIXTURES / f"v{version}.sql").read_text())
     if with_store:
-        for statement in schema.harel_tables():
+        for statement in schema_harel.harel_tables():
             db.execute(statement)
     for group, kind in (("G", "g1"), ("G", "g2"), ("H", "h1")):
         db.execute("INSERT INTO harel_transport_publish (group_id, event) VALUES (?, ?)", (group, kind))
@@ -355,6 +355,6 @@ def test_two_processes_migrating_one_file_at_once_both_succeed_and_each_version_
 def test_version_4_is_the_schema_the_installed_harel_creates():
     from harel.engine.schema import sql_schema
 
-    from harel_edge.schema import harel_tables
+    from harel_edge.schema_harel import harel_tables
 
     assert harel_tables("edge_x") == list(sql_schema("sqlite", "edge_x"))
