@@ -3,8 +3,9 @@ primary is paused and killed as well; every effect must still have happened exac
 
 The workload: WORKFLOWS workflows of STEPS steps each; every step is a `ctx.transact` whose
 effect inserts one row into `chaos_effects` (no unique constraint: a second execution would
-show as a second row). Worker processes (forked from a server that holds no libsql
-connection: `harel_edge.testing.spawned.context()`) run `DurableWorker`s (on a local file through its connection; on sqld and replica over
+show as a second row). Worker processes (spawned, as the supervisor starts them: a libsql
+connection must not cross a fork) run `DurableWorker`s (on a local file through its connection;
+on sqld and replica over
 Hrana streams from the event loop); some kill themselves
 with SIGKILL inside a step (before the effect's write, after it, or a few milliseconds later
 from a timer, which lands in the record, the COMMIT or just after it), and the test kills
@@ -37,7 +38,6 @@ import libsql
 import pytest
 
 from harel_edge.settings import EdgeSettings
-from harel_edge.testing import spawned
 
 WORKFLOWS = 50
 STEPS = 12  # 600 steps in all
@@ -188,7 +188,7 @@ def run_chaos(
 
     asyncio.run(prepare())
     rng = random.Random(20311)
-    context = spawned.context()
+    context = multiprocessing.get_context("spawn")
     kills_log = str(tmp_path / "kills.log")
     designs_log = str(tmp_path / "designs.log")
     payload = settings.model_dump() | {

@@ -27,6 +27,7 @@ by the assertion messages.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import re
 import time
 from collections import Counter, defaultdict
@@ -39,7 +40,7 @@ from harel.spec.states import Event
 from harel_edge.loop_thread import Statements
 from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
-from harel_edge.testing import spawned, wait_until
+from harel_edge.testing import wait_until
 
 pytestmark = [pytest.mark.chaos, pytest.mark.sqld]
 
@@ -201,7 +202,7 @@ def test_workers_lose_nothing_and_duplicate_only_lapsed_leases_when_the_primary_
     publisher.close()
     assert len(published) == MESSAGES
 
-    ctx = spawned.context()
+    ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
     logs = [tmp_path / f"w{i}.jsonl" for i in range(WORKERS)]
     starts = [ctx.Event() for _ in range(WORKERS)]
