@@ -40,10 +40,18 @@ class Vitals:
 
 
 def beat(
-    execute: Execute, prefix: str, worker: tuple[str, str, str, int], every: float, vitals: Vitals, *, stopped: bool = False
+    execute: Execute,
+    prefix: str,
+    worker: tuple[str, str, str, int],
+    every: float,
+    vitals: Vitals,
+    *,
+    stopped: bool = False,
+    forget: bool = False,
 ) -> None:
     """Record that `worker` (worker_id, profile, host, pid) is alive now, by the primary's clock;
-    `stopped` marks a clean stop. Also forgets workers not seen for a day."""
+    `stopped` marks a clean stop; `forget` (a worker's first beat) also deletes the workers not seen
+    for a day, so a steady beat is one request to the primary."""
     table = workers_table(prefix)
     worker_id, profile, host, pid = worker
     execute(
@@ -61,7 +69,8 @@ def beat(
         (worker_id, profile, host, pid, every, int(stopped), vitals.settled, vitals.in_flight_target,
          vitals.latency, vitals.replica_lag),
     )
-    execute(f"DELETE FROM {table} WHERE seen_at < {DB_NOW} - {FORGET_AFTER}", ())
+    if forget:
+        execute(f"DELETE FROM {table} WHERE seen_at < {DB_NOW} - {FORGET_AFTER}", ())
 
 
 @dataclass(frozen=True)

@@ -79,13 +79,19 @@ def identity(settings: EdgeSettings) -> tuple[str, str, str, int]:
 
 
 async def send_heartbeat(
-    executor: Any, settings: EdgeSettings, every: float, vitals: heartbeats.Vitals, *, stopped: bool = False
+    executor: Any,
+    settings: EdgeSettings,
+    every: float,
+    vitals: heartbeats.Vitals,
+    *,
+    stopped: bool = False,
+    forget: bool = False,
 ) -> None:
     """One heartbeat on the primary, through the executor; a failure is logged, never raised."""
     execute = blocking_execute(executor, asyncio.get_running_loop())
     try:
         await asyncio.to_thread(
-            heartbeats.beat, execute, settings.prefix, identity(settings), every, vitals, stopped=stopped
+            heartbeats.beat, execute, settings.prefix, identity(settings), every, vitals, stopped=stopped, forget=forget
         )
     except Exception as exc:  # noqa: BLE001 - a missed beat shows as a silent worker, nothing worse
         log.debug("heartbeat failed", error=str(exc)[:200])
@@ -104,9 +110,11 @@ async def sample_metrics(
     replica's freshness, if there is one."""
     execute = blocking_execute(executor, asyncio.get_running_loop())
     watch = None if replica is None else ReplicaWatch(settings.db_path, settings.sync_interval or every, every)
+    first = True
     while not stop.is_set():
         lag = watch.check() if watch is not None else None
-        await send_heartbeat(executor, settings, every, vitals(lag))
+        await send_heartbeat(executor, settings, every, vitals(lag), forget=first)
+        first = False
         for name, read, record in SAMPLES:
             try:
                 record(await asyncio.to_thread(read, execute, settings.prefix))
