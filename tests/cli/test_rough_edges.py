@@ -121,7 +121,7 @@ def test_help_shows_the_choices_instead_of_a_type(tmp_path):
 def test_purge_all_asks_first_and_without_a_terminal_needs_yes(tmp_path):
     env = env_for({"profile": "local", "db_path": str(tmp_path / "q.db")})
     assert run(["migrate"], env, tmp_path).returncode == 0
-    refused = run(["dead-letter", "purge", "--all"], env, tmp_path, stdin=subprocess.DEVNULL)
+    refused = run(["dead-letter", "purge", "--all"], env, tmp_path)
     assert refused.returncode == 2
     assert "add --yes" in refused.stderr and "nothing was deleted" in refused.stderr
     done = run(["dead-letter", "purge", "--all", "--yes"], env, tmp_path)
