@@ -112,6 +112,11 @@ class EdgeSettings(BaseSettings):
         description="Most statechart events one worker process keeps in flight: its window follows "
         "the link to the primary up to this.",
     )
+    max_workflow_passes: int = Field(
+        default=16,
+        description="Most durable-workflow passes one worker process runs at once (each namespace): "
+        "a pass mostly waits for its commits, so passes side by side share them.",
+    )
     max_deliveries: int = Field(
         default=DEFAULT_MAX_DELIVERIES,
         description="Deliveries of a message whose handling failed (or failed passes of a durable "
@@ -228,7 +233,7 @@ class EdgeSettings(BaseSettings):
             )
         return value
 
-    @field_validator("busy_timeout_ms", "retry_attempts", "max_in_flight")
+    @field_validator("busy_timeout_ms", "retry_attempts", "max_in_flight", "max_workflow_passes")
     @classmethod
     def _non_negative(cls, value: int, info: Any) -> int:
         if value < (0 if info.field_name == "busy_timeout_ms" else 1):

@@ -244,7 +244,7 @@ async def run_worker(
             )
             tasks.append(
                 asyncio.create_task(
-                    durable_loop(loop, stop, options.poll), name=f"workflows:{spec.namespace}"
+                    durable_loop(loop, stop, options.poll, settings.max_workflow_passes), name=f"workflows:{spec.namespace}"
                 )
             )
         def vitals(replica_lag: float | None) -> Vitals:

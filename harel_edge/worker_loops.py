@@ -15,6 +15,7 @@ from harel.engine.aio.distributed import AsyncWorker
 
 from harel_edge import observability
 from harel_edge.durable.runtime import DurableWorker
+from harel_edge.durable.types import Delivery
 from harel_edge.window import InFlightWindow
 
 log = structlog.get_logger("harel_edge.worker")
@@ -145,19 +146,36 @@ async def restarting(name: str, run: Callable[[], Any], stop: asyncio.Event) -> 
                 await asyncio.wait_for(stop.wait(), delay)
 
 
-async def durable_loop(loop: DurableWorker, stop: asyncio.Event, poll: float) -> None:
-    """`DurableWorker.run`, waiting for ready work at most one poll at a time, so a stop is
-    noticed within a poll (plus the pass in progress, which always finishes)."""
+async def durable_loop(loop: DurableWorker, stop: asyncio.Event, poll: float, passes: int) -> None:
+    """Take ready workflows and run up to `passes` of their passes at once (a pass mostly waits for
+    its commits, which passes side by side share); look for work at most one poll at a time, so a
+    stop is noticed within a poll. The passes in progress at a stop always finish."""
     within = timedelta(seconds=max(poll, 0.01))
+    running: set[asyncio.Task] = set()
     failures = 0
-    while not stop.is_set():
+
+    async def run_pass(delivery: Delivery) -> None:
         try:
-            await loop.run_once(within)
+            await loop.handle(delivery)
+        except Exception as exc:  # noqa: BLE001 - counted on its row by `handle`; it comes back
+            log.warning("workflow pass failed", workflow=delivery.workflow, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+
+    while not stop.is_set():
+        if len(running) >= passes:
+            await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            continue
+        try:
+            delivery = await loop.durable.scheduler.next_ready(within)
             failures = 0
-        except Exception as exc:  # noqa: BLE001 - a worker outlives one bad pass or a lost link
+        except Exception as exc:  # noqa: BLE001 - a worker outlives a lost link
             failures += 1
-            log.warning(
-                "workflow pass failed", error=f"{type(exc).__name__}: {str(exc)[:300]}", failures=failures
-            )
+            log.warning("looking for ready workflows failed", error=f"{type(exc).__name__}: {str(exc)[:300]}", failures=failures)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), min(0.05 * 2**failures, 5.0))
+            continue
+        if delivery is not None:
+            task = asyncio.create_task(run_pass(delivery))
+            running.add(task)
+            task.add_done_callback(running.discard)
+    if running:
+        await asyncio.gather(*running)

@@ -136,6 +136,13 @@ def worker(
         metavar="N",
         help="Most statechart events in flight per process (HAREL_EDGE_MAX_IN_FLIGHT, default 256).",
     ),
+    max_workflow_passes: int | None = typer.Option(
+        None,
+        "--max-workflow-passes",
+        min=1,
+        metavar="N",
+        help="Most durable-workflow passes at once per process (HAREL_EDGE_MAX_WORKFLOW_PASSES, default 16).",
+    ),
     poll: float = typer.Option(1.0, "--poll", min=0.01, help="Seconds between looks for ready workflows."),
     grace: float = typer.Option(
         30.0, "--grace", min=0.0, help="Seconds a stop may take before held work is given back."
@@ -159,7 +166,9 @@ def worker(
     from harel_edge.worker import WorkerOptions, load_definitions, parse_workflow, serve  # noqa: PLC0415
 
     g: Globals = ctx.obj
-    settings = g.settings(metrics_port=metrics_port, max_in_flight=max_in_flight)
+    settings = g.settings(
+        metrics_port=metrics_port, max_in_flight=max_in_flight, max_workflow_passes=max_workflow_passes
+    )
     if "worker_id" not in settings.model_fields_set:
         # The default, hostname-pid, is the same in every container of a scaled service (one
         # host name, pid 1): a suffix tells their log lines and leases apart.

@@ -304,7 +304,8 @@ async def run_durably(
 
 @dataclass(eq=False)
 class DurableWorker:
-    """Runs passes of the workflows the scheduler hands out, one at a time, with `fn` (one per namespace).
+    """Runs passes of the workflows the scheduler hands out with `fn` (one per namespace): `run`
+    one at a time, the worker's loop several at once through `handle`.
 
     After `max_failed_passes` failed passes in a row (0: never) the workflow is dead-lettered.
     """
