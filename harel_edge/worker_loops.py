@@ -147,9 +147,10 @@ async def restarting(name: str, run: Callable[[], Any], stop: asyncio.Event) -> 
 
 
 async def durable_loop(loop: DurableWorker, stop: asyncio.Event, poll: float, passes: int) -> None:
-    """Take ready workflows and run up to `passes` of their passes at once (a pass mostly waits for
-    its commits, which passes side by side share); look for work at most one poll at a time, so a
-    stop is noticed within a poll. The passes in progress at a stop always finish."""
+    """Take ready workflows (as many in one statement as there is room for) and run up to `passes`
+    of their passes at once: a pass mostly waits for its commits, which passes side by side share.
+    It looks for work at most one poll at a time, so a stop is noticed within a poll; the passes
+    in progress at a stop always finish."""
     within = timedelta(seconds=max(poll, 0.01))
     running: set[asyncio.Task] = set()
     failures = 0
@@ -165,7 +166,7 @@ async def durable_loop(loop: DurableWorker, stop: asyncio.Event, poll: float, pa
             await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
             continue
         try:
-            delivery = await loop.durable.scheduler.next_ready(within)
+            taken = await loop.durable.scheduler.take_ready(passes - len(running), within)
             failures = 0
         except Exception as exc:  # noqa: BLE001 - a worker outlives a lost link
             failures += 1
@@ -173,7 +174,7 @@ async def durable_loop(loop: DurableWorker, stop: asyncio.Event, poll: float, pa
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), min(0.05 * 2**failures, 5.0))
             continue
-        if delivery is not None:
+        for delivery in taken:
             task = asyncio.create_task(run_pass(delivery))
             running.add(task)
             task.add_done_callback(running.discard)

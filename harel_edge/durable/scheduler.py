@@ -33,9 +33,9 @@ ON CONFLICT (namespace, workflow) DO UPDATE SET visible_at = excluded.visible_at
 _TAKE = f"""
 UPDATE workflow_queue SET visible_at = t.now + ?2, generation = {QUEUE_BUMP}
 FROM {now_table('?3')}
-WHERE namespace = ?1 AND workflow = (
+WHERE namespace = ?1 AND workflow IN (
     SELECT workflow FROM workflow_queue WHERE namespace = ?1 AND visible_at <= t.now
-    ORDER BY visible_at LIMIT 1)
+    ORDER BY visible_at LIMIT ?4)
 RETURNING workflow, visible_at, generation
 """
 
@@ -130,19 +130,23 @@ class LibsqlScheduler:
         await self.database.execute("durable.wake_at", _WAKE_AT, (*self._receipt(delivery), at))
 
     async def next_ready(self, within: timedelta) -> Delivery | None:
-        """Take the next visible workflow, waiting up to `within` for one; None if none came.
+        """Take the next visible workflow, waiting up to `within` for one; None if none came."""
+        taken = await self.take_ready(1, within)
+        return taken[0] if taken else None
 
-        It looks again at the poll, at the earliest sleeper's deadline, or at a wakeup made in this process.
-        """
+    async def take_ready(self, limit: int, within: timedelta) -> list[Delivery]:
+        """Take up to `limit` visible workflows in one statement, waiting up to `within` for one;
+        [] if none came. It looks again at the poll, at the earliest sleeper's deadline, or at a
+        wakeup made in this process."""
         deadline = time.monotonic() + within.total_seconds()
         while True:
             self._ready.clear()  # before looking, so a signal during the look is not lost
-            delivery, until_next = await self._take()
-            if delivery is not None:
-                return delivery
+            taken, until_next = await self._take(limit)
+            if taken:
+                return taken
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return None
+                return []
             pause = min(self.poll_seconds, remaining)
             if until_next is not None:
                 pause = min(pause, max(until_next, 0.001))
@@ -198,18 +202,18 @@ class LibsqlScheduler:
         """Drop the workflow, unless something asked for another pass while this one ran."""
         await self.database.execute("durable.done", _DONE, self._receipt(delivery))
 
-    async def _take(self) -> tuple[Delivery | None, float | None]:
-        """The next visible workflow, or how long until the earliest becomes visible: both
-        statements in one unit, so one round trip to a remote primary."""
+    async def _take(self, limit: int) -> tuple[list[Delivery], float | None]:
+        """Up to `limit` visible workflows (oldest first), or how long until the earliest becomes
+        visible: both statements in one unit, so one round trip to a remote primary."""
         at = self.clock_param()
         took, until = await self.database.transaction(
             "durable.next_ready",
-            [Stmt(_TAKE, (self.namespace, self.lease_seconds, at)), Stmt(_UNTIL_NEXT, (self.namespace, at))],
+            [Stmt(_TAKE, (self.namespace, self.lease_seconds, at, limit)), Stmt(_UNTIL_NEXT, (self.namespace, at))],
         )
         if took.rows:
-            workflow, visible_at, generation = took.rows[0]
-            return Delivery(workflow, visible_at, generation), None
-        return None, (until.rows[0][0] if until.rows else None)
+            ordered = sorted(took.rows, key=lambda row: (row[1], row[0]))
+            return [Delivery(workflow, visible_at, generation) for workflow, visible_at, generation in ordered], None
+        return [], (until.rows[0][0] if until.rows else None)
 
     def _receipt(self, delivery: Delivery) -> tuple:
         return (self.namespace, delivery.workflow, delivery.receipt, delivery.generation)
