@@ -1,15 +1,16 @@
 """Is this database one harel_edge may use, and may this user write it: looks at a file (through
-sqlite3, read-only, never writing) and at a database's facts through one `execute(sql, params)`."""
+libsql in SQLite's read-only mode, never writing) and at a database's facts through one
+`execute(sql, params)`."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import sqlite3
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from harel_edge import schema
 from harel_edge.errors import (
@@ -109,7 +110,7 @@ def inspect_file(path: str) -> DatabaseFacts:
     for _ in range(INSPECT_ATTEMPTS):
         stamp = _stamp(p)
         facts: DatabaseFacts | None = None
-        failure: sqlite3.DatabaseError | None = None
+        failure: ValueError | None = None
         try:
             connection = open_read_only(str(p))
             try:
@@ -119,7 +120,7 @@ def inspect_file(path: str) -> DatabaseFacts:
                     facts = database_facts(execute)
             finally:
                 connection.close()
-        except sqlite3.DatabaseError as exc:
+        except ValueError as exc:  # the driver's errors are ValueErrors
             failure = exc
         if _stamp(p) == stamp:
             break  # nothing wrote to the file while it was read: what was read holds
@@ -130,7 +131,7 @@ def inspect_file(path: str) -> DatabaseFacts:
     return facts
 
 
-def runner(connection: sqlite3.Connection) -> Execute:
+def runner(connection: ReadOnlyConnection) -> Execute:
     return lambda sql, params=(): connection.execute(sql, params).fetchall()
 
 
@@ -153,44 +154,50 @@ def integrity(execute: Execute) -> str:
     return "; ".join(line for line in lines if line.strip() and not line.startswith("*** in database"))
 
 
-class _SnapshotConnection(sqlite3.Connection):
-    """A read-only connection to a private copy of a database, removed when it is closed."""
+class ReadOnlyConnection:
+    """libsql on a file in SQLite's read-only mode; on a private copy of it, removed at close.
 
-    snapshot_dir: str | None = None
+    libsql, not the standard library's sqlite3: two SQLite libraries on one file in one process
+    release each other's locks (docs/operations.md, "One SQLite library a process")."""
+
+    def __init__(self, uri: str, snapshot_dir: str | None = None) -> None:
+        from harel_edge.connection import libsql  # noqa: PLC0415 - with its RUST_LOG default
+
+        self.snapshot_dir = snapshot_dir
+        self._raw = libsql.connect(uri, timeout=5.0, _uri=True)
+
+    def execute(self, sql: str, params: tuple | list = ()) -> Any:
+        return self._raw.execute(sql, tuple(params))
 
     def close(self) -> None:
         try:
-            super().close()
+            self._raw.close()
         finally:
             if self.snapshot_dir is not None:
                 shutil.rmtree(self.snapshot_dir, ignore_errors=True)
                 self.snapshot_dir = None
 
 
-def open_read_only(path: str) -> sqlite3.Connection:
-    """The standard library's sqlite3 on `path`, read-only: it changes nothing and creates nothing beside it.
+def open_read_only(path: str) -> ReadOnlyConnection:
+    """`path`, read-only: it changes nothing and creates nothing beside it.
 
     How each state of the `-wal`/`-shm` files is read: docs/operations.md ("The local file").
     """
     p = Path(path).expanduser().resolve()
     uri = p.as_uri() + "?mode=ro"
     if not Path(f"{p}-wal").exists():
-        return sqlite3.connect(uri + "&immutable=1", uri=True, timeout=5.0)
+        return ReadOnlyConnection(uri + "&immutable=1")
     if Path(f"{p}-shm").exists():
-        return sqlite3.connect(uri, uri=True, timeout=5.0)
+        return ReadOnlyConnection(uri)
     directory = tempfile.mkdtemp(prefix="harel-edge-read-")
     try:
         copy = Path(directory) / p.name
         shutil.copyfile(p, copy)
         shutil.copyfile(f"{p}-wal", f"{copy}-wal")
-        connection = sqlite3.connect(
-            copy.as_uri() + "?mode=ro", uri=True, timeout=5.0, factory=_SnapshotConnection
-        )
+        return ReadOnlyConnection(copy.as_uri() + "?mode=ro", snapshot_dir=directory)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
-    connection.snapshot_dir = directory
-    return connection
 
 
 # ---- may this user write it -------------------------------------------------------------------

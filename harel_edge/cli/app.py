@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sqlite3
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -219,12 +218,6 @@ def handled(fn: Callable[..., Any]) -> Callable[..., Any]:
             fail(code_for(exc), scrub_text(tidy(_token_not_set(exc, ctx)), ctx))
         except HarelEdgeError as exc:
             fail(code_for(exc), scrub_text(tidy(str(exc)), ctx))
-        except sqlite3.DatabaseError as exc:  # a local file read through the standard library
-            fail(
-                EXIT_DATABASE,
-                f"SQLite could not read the database ({exc}): run `harel-edge doctor` to check it, and "
-                "restore it from a backup if it reports damage",
-            )
         except ValueError as exc:  # the driver's errors are ValueErrors: explain them
             from harel_edge.connection import explain_connect_error  # noqa: PLC0415 - imports libsql
 
