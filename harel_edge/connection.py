@@ -64,6 +64,9 @@ class EdgeConnection:
             self._release_replica_file()
             raise
 
+    _wal_of: Any = None  # the driver connection `_wal` was read on
+    _wal = False
+
     def _start(self) -> None:
         if self._raw is None:
             self._raw = _open(self.settings)
@@ -113,7 +116,11 @@ class EdgeConnection:
             yield
             return
         # Outside WAL (a file or VFS where WAL could not be enabled), NORMAL risks more than the lease.
-        if self._raw.execute("PRAGMA journal_mode").fetchall()[0][0] != "wal":
+        # Asked once a connection: nobody can take a file out of WAL while a connection has it open.
+        if self._wal_of is not self._raw:
+            self._wal = self._raw.execute("PRAGMA journal_mode").fetchall()[0][0] == "wal"
+            self._wal_of = self._raw
+        if not self._wal:
             yield
             return
         try:  # an interrupt just after NORMAL is set still restores FULL

@@ -113,7 +113,7 @@ class EdgeSettings(BaseSettings):
         "the link to the primary up to this.",
     )
     max_workflow_passes: int = Field(
-        default=16,
+        default=32,
         description="Most durable-workflow passes one worker process runs at once (each namespace): "
         "a pass mostly waits for its commits, so passes side by side share them.",
     )

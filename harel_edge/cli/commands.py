@@ -141,7 +141,7 @@ def worker(
         "--max-workflow-passes",
         min=1,
         metavar="N",
-        help="Most durable-workflow passes at once per process (HAREL_EDGE_MAX_WORKFLOW_PASSES, default 16).",
+        help="Most durable-workflow passes at once per process (HAREL_EDGE_MAX_WORKFLOW_PASSES, default 32).",
     ),
     poll: float = typer.Option(1.0, "--poll", min=0.01, help="Seconds between looks for ready workflows."),
     grace: float = typer.Option(
