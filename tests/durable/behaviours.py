@@ -436,6 +436,23 @@ async def the_earliest_visible_workflow_is_delivered_first(s: Stores) -> None:
     assert [(await s.scheduler.next_ready(NOW)).workflow for _ in range(2)] == [early, late]
 
 
+async def take_ready_leases_up_to_its_limit_oldest_first_in_one_statement_and_none_twice(s: Stores) -> None:
+    ready = [s.workflow() for _ in range(5)]
+    for age, wf in enumerate(ready):
+        await s.scheduler.schedule(wf, s.clock.current - timedelta(seconds=10 - age))
+    first = await s.scheduler.take_ready(3, NOW)
+    rest = await s.scheduler.take_ready(3, NOW)
+    assert sorted(d.workflow for d in first) == sorted(ready[:3]), "the three that waited longest"
+    assert sorted(d.workflow for d in rest) == sorted(ready[3:])
+    assert await s.scheduler.take_ready(3, NOW) == []
+    for delivery in first:
+        await s.scheduler.done(delivery)
+    s.clock.advance(seconds=61)
+    assert sorted(d.workflow for d in await s.scheduler.take_ready(5, NOW)) == sorted(ready[3:]), (
+        "a lapsed lease hands the workflow out again; the finished ones are gone"
+    )
+
+
 async def sleepers_and_abandoned_work_need_no_sweeping(s: Stores) -> None:
     sleeper, abandoned = s.workflow(), s.workflow()
     await s.scheduler.schedule(sleeper, s.clock.current + HOUR)
