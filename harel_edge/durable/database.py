@@ -16,6 +16,7 @@ from harel_edge.connection import EdgeConnection
 from harel_edge.connection import connect as open_connection
 from harel_edge.durable.types import DatabaseClosedError
 from harel_edge.executor import Executor, ExecutorClosedError, Result, Stmt, open_executor
+from harel_edge.executor.local import file_turn
 from harel_edge.settings import EdgeSettings, ExplicitSettings
 
 T = TypeVar("T")
@@ -38,6 +39,7 @@ class Database:
         self.connection = connection
         self.settings: EdgeSettings = connection.settings if connection is not None else settings  # type: ignore[union-attr]
         self.guard = asyncio.Lock()  # one caller inside the local connection
+        self._turn = file_turn(self.settings.db_path) if connection is not None else None
         self._working: set[asyncio.Future] = set()  # remote work still running, for aclose
         self._closing: asyncio.Future | None = None
         self.closed = False
@@ -113,7 +115,7 @@ class Database:
         try:
             if self.closed:
                 raise DatabaseClosedError(_CLOSED)
-            task = _on_thread(work, self.connection, *args)
+            task = _on_thread(_in_turn, self._turn, work, self.connection, *args)
         except BaseException:
             self.guard.release()
             raise
@@ -242,6 +244,12 @@ class StreamConnection:
 
     def close(self) -> None:
         raise RuntimeError("close the Database with `await database.aclose()`")
+
+
+def _in_turn(turn: Any, work: Callable[..., T], *args: Any) -> T:
+    """`work`, while no other connection of this process writes the file (`file_turn`)."""
+    with turn:
+        return work(*args)
 
 
 def _on_thread(work: Callable[..., T], *args: Any) -> asyncio.Future[T]:

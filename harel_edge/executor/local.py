@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,6 +22,23 @@ from harel_edge.settings import EdgeSettings
 # event loop runs between them; a unit of a few short statements is faster without the hand-off.
 INLINE_STATEMENTS = 16
 _SAVEPOINT = "harel_edge_unit"  # a name a unit's own savepoints are unlikely to take
+
+# One commit at a time per file in this process. libsql holds the GIL while it waits for the
+# file's write lock, so a second connection of this process waiting for it would stop the thread
+# that holds it from finishing its transaction, and fail with "database is locked" at its busy
+# timeout (two executors: the sync faces apart, in two threads). Another process is not stopped.
+_FILE_TURNS: dict[str, threading.RLock] = {}
+_FILE_TURNS_GUARD = threading.Lock()
+
+
+def file_turn(path: str) -> threading.RLock:
+    """The lock that orders this process's writes to the file at `path` (re-entrant: the durable
+    `Database` holds it around work that runs this executor's commits)."""
+    if path == ":memory:":
+        return threading.RLock()  # a database of its own
+    key = os.path.realpath(path)
+    with _FILE_TURNS_GUARD:
+        return _FILE_TURNS.setdefault(key, threading.RLock())
 
 
 @dataclass
@@ -57,6 +75,7 @@ class LocalExecutor(ClosesOnce):
         self._draining = False
         self._drain_task: asyncio.Task | None = None
         self._on_thread: asyncio.Future | None = None  # the commit running on the thread, if any
+        self._turn = file_turn(settings.db_path)
         self.exchanges = 0  # commits made, for benchmarks and tests
 
     def __repr__(self) -> str:
@@ -168,11 +187,12 @@ class LocalExecutor(ClosesOnce):
         volatile (see `EdgeConnection.skip_fsync`)."""
         raw = connection.raw
         self.exchanges += 1
-        if raw.in_transaction:  # left open by a failure that could not roll back
-            raw.execute("ROLLBACK")
-        volatile = all(unit.volatile for unit in units)
-        with connection.skip_fsync() if volatile else contextlib.nullcontext():
-            return self._commit(raw, units)
+        with self._turn:  # waiting for it releases the GIL; SQLite's busy wait does not
+            if raw.in_transaction:  # left open by a failure that could not roll back
+                raw.execute("ROLLBACK")
+            volatile = all(unit.volatile for unit in units)
+            with connection.skip_fsync() if volatile else contextlib.nullcontext():
+                return self._commit(raw, units)
 
     def _commit(self, raw: Any, units: list[_Unit]) -> list[Any]:
         """One transaction, a savepoint a unit (a lone unit needs none, and a lone statement is
