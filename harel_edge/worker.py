@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import importlib
 import signal
 import time
@@ -335,4 +336,13 @@ def serve(settings: EdgeSettings, options: WorkerOptions) -> WorkerReport:
 
     if settings.metrics_port:
         observability.serve_metrics(settings.metrics_port)
+    freeze_startup_objects()
     return asyncio.run(main())
+
+
+def freeze_startup_objects() -> None:
+    """Put what start-up made (modules, classes, the libraries' tables), which lives as long as
+    the process, out of the garbage collector's reach: its full collections then pause the
+    event loop a third as long (docs/tuning.md, "Pauses of the event loop")."""
+    gc.collect()
+    gc.freeze()
