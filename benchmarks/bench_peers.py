@@ -12,7 +12,7 @@ Each measurement runs in a fresh process, rounds interleaved, medians reported. 
 a venv of their own (`.cache/peers-venv`, made on first use with pip), from `peer_workloads.py`.
 
     .venv/bin/python benchmarks/bench_peers.py
-    .venv/bin/python benchmarks/bench_peers.py --workflows 600 --orders 300 --rounds 3
+    .venv/bin/python benchmarks/bench_peers.py --workflows 200 --orders 200 --rounds 1
 """
 
 from __future__ import annotations
@@ -174,9 +174,9 @@ def measure(kind: str, size: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workflows", type=int, default=600)
-    parser.add_argument("--orders", type=int, default=300, help="orders of four events each")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--workflows", type=int, default=1000)
+    parser.add_argument("--orders", type=int, default=2000, help="orders of four events each (shorter runs are noisy)")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--one", nargs=3, metavar=("KIND", "DIR", "SIZE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
