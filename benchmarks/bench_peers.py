@@ -57,7 +57,7 @@ def count(path: Path, sql: str) -> int:
 
 async def wait_for(path: Path, sql: str, target: int, timeout: float = 600.0) -> float:
     """When `sql` counts `target` (perf_counter), polled every 10 ms off the event loop, on a new
-    connection each time, as the peers are (one kept open slowed DBOS to a third, measured)."""
+    connection each time, as the peers are."""
 
     def poll() -> float:
         deadline = time.monotonic() + timeout

@@ -33,8 +33,7 @@ def wal(path: Path) -> None:
 
 
 def wait_for(path: Path, sql: str, target: int, timeout: float = 600.0) -> float:
-    """When `sql` counts `target` (perf_counter), polled every POLL on a new connection each time
-    (one kept open slowed DBOS to a third, measured)."""
+    """When `sql` counts `target` (perf_counter), polled every POLL on a new connection each time."""
     deadline = time.monotonic() + timeout
     while count(path, sql) < target:
         if time.monotonic() > deadline:
