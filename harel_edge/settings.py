@@ -51,6 +51,13 @@ def _default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
+def _within(value: float, low: float, high: float, refusal: str) -> float:
+    """`value` when it is a finite number from `low` to `high`; else the setting's own refusal."""
+    if not math.isfinite(value) or not low <= value <= high:
+        raise ValueError(refusal)
+    return value
+
+
 class EdgeSettings(BaseSettings):
     """Where the data lives and how to reach it, plus the queue's and the retry policy's knobs.
 
@@ -145,11 +152,7 @@ class EdgeSettings(BaseSettings):
     @field_validator("commit_linger")
     @classmethod
     def _bounded_linger(cls, value: float) -> float:
-        if not math.isfinite(value) or not 0 <= value <= 0.1:
-            raise ValueError(
-                f"HAREL_EDGE_COMMIT_LINGER={value} is out of range: set 0 to 0.1 seconds (default 0.002)"
-            )
-        return value
+        return _within(value, 0, 0.1, f"HAREL_EDGE_COMMIT_LINGER={value} is out of range: set 0 to 0.1 seconds (default 0.002)")
 
     # ---- field checks: each names its variable ------------------------------------------------
 
@@ -208,12 +211,8 @@ class EdgeSettings(BaseSettings):
     def _workable_interval(cls, value: float | None) -> float | None:
         if value is None:
             return None
-        if not math.isfinite(value) or not MIN_SYNC_INTERVAL <= value <= MAX_SYNC_INTERVAL:
-            raise ValueError(
-                f"HAREL_EDGE_SYNC_INTERVAL={value} cannot work: set seconds between "
-                f"{MIN_SYNC_INTERVAL} and {MAX_SYNC_INTERVAL:g}, or unset it to sync on demand"
-            )
-        return value
+        refusal = f"set seconds between {MIN_SYNC_INTERVAL} and {MAX_SYNC_INTERVAL:g}, or unset it to sync on demand"
+        return _within(value, MIN_SYNC_INTERVAL, MAX_SYNC_INTERVAL, f"HAREL_EDGE_SYNC_INTERVAL={value} cannot work: {refusal}")
 
     @field_validator("visibility", "retry_initial_delay", "retry_max_delay", "retry_deadline")
     @classmethod
@@ -226,12 +225,8 @@ class EdgeSettings(BaseSettings):
     @classmethod
     def _window(cls, value: float) -> float:
         # Shorter than a retry's back-off, a lost answer could be published twice after all.
-        if not math.isfinite(value) or not MIN_PUBLISH_WINDOW <= value <= MAX_PUBLISH_WINDOW:
-            raise ValueError(
-                f"HAREL_EDGE_PUBLISH_WINDOW={value} is out of range: set {MIN_PUBLISH_WINDOW:g} to "
-                f"{MAX_PUBLISH_WINDOW:.0f} seconds (default 3600, an hour)"
-            )
-        return value
+        refusal = f"set {MIN_PUBLISH_WINDOW:g} to {MAX_PUBLISH_WINDOW:.0f} seconds (default 3600, an hour)"
+        return _within(value, MIN_PUBLISH_WINDOW, MAX_PUBLISH_WINDOW, f"HAREL_EDGE_PUBLISH_WINDOW={value} is out of range: {refusal}")
 
     @field_validator("busy_timeout_ms", "retry_attempts", "max_in_flight", "max_workflow_passes")
     @classmethod
