@@ -33,7 +33,7 @@ from harel_edge.queue import EventPath, EventTransport
 from harel_edge.sampler import sample_metrics, send_heartbeat
 from harel_edge.settings import EdgeSettings
 from harel_edge.store import EventStore
-from harel_edge.worker_loops import EdgeAsyncWorker, durable_loop, restarting, wait_ended
+from harel_edge.worker_loops import EdgeAsyncWorker, restarting, wait_ended
 
 log = structlog.get_logger("harel_edge.worker")
 
@@ -245,7 +245,8 @@ async def run_worker(
             )
             tasks.append(
                 asyncio.create_task(
-                    durable_loop(loop, stop, options.poll, settings.max_workflow_passes), name=f"workflows:{spec.namespace}"
+                    loop.run(stop, passes=settings.max_workflow_passes, poll=timedelta(seconds=max(options.poll, 0.01))),
+                    name=f"workflows:{spec.namespace}"
                 )
             )
         def vitals(replica_lag: float | None) -> Vitals:

@@ -1,5 +1,6 @@
-"""The loops one worker process runs (harel's worker, the durable-workflow loop) and how each
-outlives a failure or a stop, kept apart from the wiring in `harel_edge.worker`."""
+"""The loops one worker process runs (harel's worker; the durable workflows run
+`DurableWorker.run`) and how each outlives a failure or a stop, kept apart from the wiring in
+`harel_edge.worker`."""
 
 from __future__ import annotations
 
@@ -7,15 +8,12 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import structlog
 from harel.engine.aio.distributed import AsyncWorker
 
 from harel_edge import observability
-from harel_edge.durable.runtime import DurableWorker
-from harel_edge.durable.types import Delivery
 from harel_edge.window import InFlightWindow
 
 log = structlog.get_logger("harel_edge.worker")
@@ -144,39 +142,3 @@ async def restarting(name: str, run: Callable[[], Any], stop: asyncio.Event) -> 
             )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
-
-
-async def durable_loop(loop: DurableWorker, stop: asyncio.Event, poll: float, passes: int) -> None:
-    """Take ready workflows (as many in one statement as there is room for) and run up to `passes`
-    of their passes at once: a pass mostly waits for its commits, which passes side by side share.
-    It looks for work at most one poll at a time, so a stop is noticed within a poll; the passes
-    in progress at a stop always finish."""
-    within = timedelta(seconds=max(poll, 0.01))
-    running: set[asyncio.Task] = set()
-    failures = 0
-
-    async def run_pass(delivery: Delivery) -> None:
-        try:
-            await loop.handle(delivery)
-        except Exception as exc:  # noqa: BLE001 - counted on its row by `handle`; it comes back
-            log.warning("workflow pass failed", workflow=delivery.workflow, error=f"{type(exc).__name__}: {str(exc)[:300]}")
-
-    while not stop.is_set():
-        if len(running) >= passes:
-            await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-            continue
-        try:
-            taken = await loop.durable.scheduler.take_ready(passes - len(running), within)
-            failures = 0
-        except Exception as exc:  # noqa: BLE001 - a worker outlives a lost link
-            failures += 1
-            log.warning("looking for ready workflows failed", error=f"{type(exc).__name__}: {str(exc)[:300]}", failures=failures)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), min(0.05 * 2**failures, 5.0))
-            continue
-        for delivery in taken:
-            task = asyncio.create_task(run_pass(delivery))
-            running.add(task)
-            task.add_done_callback(running.discard)
-    if running:
-        await asyncio.gather(*running)

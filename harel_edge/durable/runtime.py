@@ -17,7 +17,21 @@ from typing import Any
 from harel_edge import observability
 from harel_edge.durable.checkpointer import LibsqlEffect
 from harel_edge.durable.durable import LibsqlDurable
-from harel_edge.durable.types import INBOX, Delivery, FencedError, Pass, from_seconds, now_utc, to_seconds
+from harel_edge.durable.types import (  # the outcomes, importable from here as before
+    INBOX,
+    Busy,
+    Delivery,
+    FencedError,
+    Finished,
+    Lost,
+    Outcome,
+    Pass,
+    Sleeping,
+    Waiting,
+    from_seconds,
+    now_utc,
+    to_seconds,
+)
 from harel_edge.ids import refuse_nul
 from harel_edge.settings import DEFAULT_MAX_DELIVERIES
 
@@ -30,41 +44,6 @@ MAX_ERROR_CHARS = 4000  # of a failed pass's error, kept on its queue row and in
 _RESERVED = ("$", INBOX)
 
 
-# ---- what a pass came to -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Finished:
-    """The function returned; `value` is its result as recorded (and as every later pass sees it)."""
-
-    value: object
-
-
-@dataclass(frozen=True)
-class Sleeping:
-    """The function is waiting for `until`."""
-
-    until: datetime
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """The function is waiting for a message: under `key`, or the next inbox entry (None)."""
-
-    key: str | None
-
-
-@dataclass(frozen=True)
-class Busy:
-    """Another pass holds the workflow; nothing was run."""
-
-
-@dataclass(frozen=True)
-class Lost:
-    """This pass lost its claim part way and stopped before its next write."""
-
-
-Outcome = Finished | Sleeping | Waiting | Busy | Lost
 StepHook = Callable[[str], None]  # what was recorded: "step", "transact", "sleep" or "result"
 PassHook = Callable[[Delivery, Outcome], None]
 
@@ -304,8 +283,7 @@ async def run_durably(
 
 @dataclass(eq=False)
 class DurableWorker:
-    """Runs passes of the workflows the scheduler hands out with `fn` (one per namespace): `run`
-    one at a time, the worker's loop several at once through `handle`.
+    """Runs passes of the workflows the scheduler hands out with `fn` (one per namespace).
 
     After `max_failed_passes` failed passes in a row (0: never) the workflow is dead-lettered.
     """
@@ -319,17 +297,40 @@ class DurableWorker:
     on_step: StepHook | None = None  # called with "step", "transact", "sleep" or "result" per new record
     on_pass: PassHook | None = None  # called with each pass's delivery and outcome
 
-    async def run(self, stop: asyncio.Event | None = None) -> None:
-        """Run passes until `stop` is set (or the task is cancelled); errors are logged, not fatal."""
+    async def run(
+        self, stop: asyncio.Event | None = None, *, passes: int = 1, poll: timedelta = timedelta(seconds=1)
+    ) -> None:
+        """Run passes until `stop` is set (or the task is cancelled), up to `passes` at once (a pass
+        mostly waits for its commits, which passes side by side share), taking as many ready
+        workflows in one statement as there is room for. Errors are logged, not fatal; a stop is
+        noticed within `poll`, and the passes in progress finish."""
+        running: set[asyncio.Task] = set()
         failures = 0
         while stop is None or not stop.is_set():
+            if len(running) >= passes:
+                await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                continue
             try:
-                await self.run_once(timedelta(seconds=1))
+                taken = await self.durable.scheduler.take_ready(passes - len(running), poll)
                 failures = 0
-            except Exception:  # noqa: BLE001 - a worker outlives one bad pass or a lost link
+            except Exception:  # noqa: BLE001 - a worker outlives a lost link
                 failures += 1
-                log.exception("durable worker: a pass failed")
-                await asyncio.sleep(min(0.05 * 2**failures, 5.0))
+                log.exception("durable worker: looking for ready workflows failed")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for((stop or asyncio.Event()).wait(), min(0.05 * 2**failures, 5.0))
+                continue
+            for delivery in taken:
+                task = asyncio.create_task(self._run_pass(delivery))
+                running.add(task)
+                task.add_done_callback(running.discard)
+        if running:
+            await asyncio.gather(*running)
+
+    async def _run_pass(self, delivery: Delivery) -> None:
+        try:
+            await self.handle(delivery)
+        except Exception:  # noqa: BLE001 - counted on its row by `handle`; the workflow comes back
+            log.warning("durable worker: a pass of workflow %r failed", delivery.workflow, exc_info=True)
 
     async def run_once(self, within: timedelta) -> Outcome | None:
         """Take the next ready workflow (waiting up to `within`) and run a pass of it."""

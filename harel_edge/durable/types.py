@@ -133,3 +133,40 @@ def to_seconds(when: datetime) -> float:
 
 def from_seconds(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, UTC)
+
+
+# ---- what a pass came to -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The function returned; `value` is its result as recorded (and as every later pass sees it)."""
+
+    value: object
+
+
+@dataclass(frozen=True)
+class Sleeping:
+    """The function is waiting for `until`."""
+
+    until: datetime
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The function is waiting for a message: under `key`, or the next inbox entry (None)."""
+
+    key: str | None
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Another pass holds the workflow; nothing was run."""
+
+
+@dataclass(frozen=True)
+class Lost:
+    """This pass lost its claim part way and stopped before its next write."""
+
+
+Outcome = Finished | Sleeping | Waiting | Busy | Lost
