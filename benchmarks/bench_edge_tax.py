@@ -51,15 +51,18 @@ def main() -> None:
     logs.configure_logging(level="warning", stream=sys.stderr)
     profiles, rtts = args.profiles.split(","), [float(x) for x in args.rtts.split(",")]
     cells: dict[tuple[str, float], list[dict]] = {}
-    with tempfile.TemporaryDirectory() as tmp, start_sqld_primary() as server:
+    with tempfile.TemporaryDirectory() as tmp:
         n = 0
         for _ in range(args.rounds):
             for profile in profiles:
                 for rtt in rtts:
                     n += 1
-                    common = {"prefix": f"t{n}", "worker_id": f"tax-{n}", "auth_token": server.rw_token}
-                    direct = ExplicitSettings.load(profile="sqld", url=server.http_url, **common)
-                    with LatencyProxy(server.http_port, delay=rtt / 2000) as proxy:
+                    common = {"prefix": f"t{n}", "worker_id": f"tax-{n}"}
+                    # A primary of its own: sqld reads the whole schema into every new stream, so
+                    # cells sharing one would slow down as their tables pile up.
+                    with start_sqld_primary() as server, LatencyProxy(server.http_port, delay=rtt / 2000) as proxy:
+                        common["auth_token"] = server.rw_token
+                        direct = ExplicitSettings.load(profile="sqld", url=server.http_url, **common)
                         if profile == "sqld":
                             settings = ExplicitSettings.load(profile="sqld", url=proxy.url, **common)
                         else:

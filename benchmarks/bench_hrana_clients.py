@@ -1,12 +1,12 @@
 """The remote path's candidates, side by side: which client speaks to sqld from an event loop?
 
-docs/dependencies.md argues why the remote path is httpx with a small Hrana module
+docs/dependencies.md argues why the remote path is aiohttp with a small Hrana module
 (`harel_edge.executor.remote.HranaExecutor`). This benchmark puts numbers beside the argument:
 one real sqld (started by `harel_edge.testing`), reached through
 `harel_edge.testing.proxy.LatencyProxy` (`--delay` seconds each way; 10 ms: a 20 ms round trip)
 and a request-counting hop of this file's own, and, in one run, for each candidate:
 
-- `harel_edge (httpx)`: `HranaExecutor.execute` / `.transaction` (one `/v2/pipeline` batch
+- `harel_edge (aiohttp)`: `HranaExecutor.execute` / `.transaction` (one `/v2/pipeline` batch
   with step conditions), one executor shared by every coroutine;
 - `libsql 0.1.8` (the installed driver, sync, holds the GIL during network calls): through
   `asyncio.to_thread`, one connection per thread;
@@ -32,7 +32,7 @@ The cells, each for `--seconds` (default 3):
   call that holds the loop (or the GIL) shows its duration here.
 
 HTTP requests per operation come from the counting hop (it counts HTTP/1.x request lines that
-go through it; a WebSocket candidate shows `ws`). Ratios are against `harel_edge (httpx)`'s
+go through it; a WebSocket candidate shows `ws`). Ratios are against `harel_edge (aiohttp)`'s
 row of the same run. Note that the proxy adds its delay to data, not to TCP handshakes, so a
 client that opens a connection per request (urllib) pays no extra round trip here, as it would
 (TCP, then TLS) on a real link.
@@ -113,8 +113,8 @@ class Candidate:
 
 
 class HarelEdge(Candidate):
-    name = "harel_edge (httpx)"
-    install = "httpx"
+    name = "harel_edge (aiohttp)"
+    install = "aiohttp"
 
     async def open(self, url: str, token: str, workers: int) -> None:
         self.ex = HranaExecutor(EdgeSettings(profile="sqld", url=url, auth_token=token))

@@ -20,6 +20,7 @@ second, and each ratio to harel's. `--delay` adds a latency proxy (seconds each 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import tempfile
 import time
@@ -103,9 +104,19 @@ def drain(kind: str, server, url: str, tmp: Path, prefix: str, messages: int, gr
     return max(r[0] for r in results) - began, sum(r[1] for r in results)
 
 
-def measure(server, url: str, tmp: Path, messages: int, groups: int, n: int, kinds=KINDS) -> dict[str, tuple[float, int]]:  # noqa: ANN001
-    """Each kind's (work span, messages acked), one after another, on fresh prefixes."""
-    return {kind: drain(kind, server, url, tmp, f"d_{kind.replace('-', '_')}", messages, groups, n) for kind in kinds}
+def measure(tmp: Path, messages: int, groups: int, n: int, delay: float = 0.0, kinds=KINDS) -> dict[str, tuple[float, int]]:  # noqa: ANN001
+    """Each kind's (work span, messages acked), one after another, each on a primary of its own
+    (`delay` seconds away each way): a new replica replays its primary's whole log, and sqld reads
+    the whole schema into every new stream, so kinds sharing one would pay for those before them."""
+    from harel_edge.testing import start_sqld_primary  # noqa: PLC0415
+    from harel_edge.testing.proxy import LatencyProxy  # noqa: PLC0415
+
+    rows = {}
+    for kind in kinds:
+        with start_sqld_primary() as server, contextlib.ExitStack() as stack:
+            url = stack.enter_context(LatencyProxy(server.http_port, delay=delay)).url if delay else server.http_url
+            rows[kind] = drain(kind, server, url, tmp, f"d_{kind.replace('-', '_')}", messages, groups, n)
+    return rows
 
 
 def table(rows: dict[str, tuple[float, int]], n: int) -> list[str]:
@@ -125,18 +136,10 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.0, help="proxy delay each way, seconds")
     args = parser.parse_args()
     from harel_edge import logs  # noqa: PLC0415
-    from harel_edge.testing import start_sqld_primary  # noqa: PLC0415
-    from harel_edge.testing.proxy import LatencyProxy  # noqa: PLC0415
 
     logs.configure_logging(level="warning")
-    with tempfile.TemporaryDirectory() as tmp, start_sqld_primary() as server:
-        proxy = LatencyProxy(server.http_port, delay=args.delay) if args.delay else None
-        url = proxy.url if proxy else server.http_url
-        try:
-            rows = measure(server, url, Path(tmp), args.messages, args.groups, args.n)
-        finally:
-            if proxy is not None:
-                proxy.close()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = measure(Path(tmp), args.messages, args.groups, args.n, args.delay)
     print(f"\n{PROCESSES} replica processes, {args.messages} messages over {args.groups} groups, delay {args.delay * 1000:g} ms\n")
     print("\n".join(table(rows, args.n)))
 

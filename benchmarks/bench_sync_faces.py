@@ -24,6 +24,7 @@ Only ratios of one run mean anything: the machine is shared and noisy.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -101,8 +102,12 @@ def harel_worker(path: str, orders: int, definitions, execution: str) -> tuple[f
     return drain_worker(store, transport, definitions, count_done, execution)
 
 
-def measure_worker(server, tmp: Path, orders: int, rounds: int, modes: list[str]) -> dict[tuple[str, str], list]:  # noqa: ANN001
-    """Each (execution mode, faces and profile)'s (seconds, events, orders done) per round."""
+def measure_worker(tmp: Path, orders: int, rounds: int, modes: list[str]) -> dict[tuple[str, str], list]:
+    """Each (execution mode, faces and profile)'s (seconds, events, orders done) per round. Each
+    remote cell has a primary of its own: sqld reads the whole schema into every new stream, so
+    cells sharing one would slow down as their tables pile up."""
+    from harel_edge.testing import start_sqld_primary  # noqa: PLC0415
+
     definitions = load_definitions(str(EXAMPLES))
     results: dict[tuple[str, str], list] = {}
     for r in range(rounds):
@@ -111,13 +116,16 @@ def measure_worker(server, tmp: Path, orders: int, rounds: int, modes: list[str]
                 for profile in PROFILES:
                     name = f"{pairing}-{r}-{mode}-{profile}"
                     values = {"profile": profile, "prefix": name.replace("-", "_"), "worker_id": "bench"}
-                    if profile == "local":
-                        values["db_path"] = str(tmp / f"worker-{name}.db")
-                    elif profile == "sqld":
-                        values.update(url=server.http_url, auth_token=server.rw_token)
-                    else:
-                        values.update(sync_url=server.http_url, auth_token=server.rw_token, db_path=str(tmp / f"{name}.db"))
-                    row = edge_worker(ExplicitSettings.load(**values), orders, definitions, mode, pairing == "paired")
+                    with contextlib.ExitStack() as stack:
+                        if profile == "local":
+                            values["db_path"] = str(tmp / f"worker-{name}.db")
+                        else:
+                            server = stack.enter_context(start_sqld_primary())
+                            if profile == "sqld":
+                                values.update(url=server.http_url, auth_token=server.rw_token)
+                            else:
+                                values.update(sync_url=server.http_url, auth_token=server.rw_token, db_path=str(tmp / f"{name}.db"))
+                        row = edge_worker(ExplicitSettings.load(**values), orders, definitions, mode, pairing == "paired")
                     results.setdefault((mode, f"{pairing} {profile}"), []).append(row)
             row = harel_worker(str(tmp / f"harel-worker-{r}-{mode}.db"), orders, definitions, mode)
             results.setdefault((mode, "harel-local"), []).append(row)
@@ -183,15 +191,13 @@ def main() -> int:
     args = parser.parse_args()
     only = set(args.only.split(","))
     modes = args.execution.split(",")
-    from harel_edge.testing import start_sqld_primary  # noqa: PLC0415
 
     logs.configure_logging(level="warning")
     out: list[str] = []
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         if "a" in only:
-            with start_sqld_primary() as server:
-                results = measure_worker(server, tmp, args.orders, args.worker_rounds, modes)
+            results = measure_worker(tmp, args.orders, args.worker_rounds, modes)
             out += [
                 f"\n(a) harel 0.9's sync Worker, {args.orders} orders x {len(STEPS)} events, one worker, "
                 f"{args.worker_rounds} rounds interleaved, medians\n",
@@ -199,8 +205,7 @@ def main() -> int:
             ]
             print("\n".join(out), flush=True)
         if "b" in only:
-            with start_sqld_primary() as server:  # a fresh primary: a new replica replays its whole log
-                rows = bench_replica_drain.measure(server, server.http_url, tmp, args.messages, args.groups, args.n)
+            rows = bench_replica_drain.measure(tmp, args.messages, args.groups, args.n)
             part = [
                 f"\n(b) {bench_replica_drain.PROCESSES} replica processes (spawn), {args.messages} messages over "
                 f"{args.groups} groups, sqld on loopback, work span\n",

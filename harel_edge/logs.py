@@ -57,7 +57,3 @@ def configure_logging(fmt: LogFormat = "console", level: str = "info", stream=No
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(numeric)
-    # httpx logs every request at info ("HTTP Request: POST ..."), a line per round trip to the
-    # primary: shown only when debugging.
-    for noisy in ("httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.DEBUG if numeric <= logging.DEBUG else logging.WARNING)

@@ -100,7 +100,7 @@ def open_executor(settings: EdgeSettings, *, local_runner: Any = None) -> Execut
     given, see `LocalExecutor`), or the primary over Hrana (sqld, and every write of a replica,
     whose embedded file keeps serving local reads)."""
     if settings.profile in ("sqld", "replica"):
-        from harel_edge.executor.remote import HranaExecutor  # noqa: PLC0415 - only remote profiles need httpx
+        from harel_edge.executor.remote import HranaExecutor  # noqa: PLC0415 - only remote profiles need aiohttp
 
         return HranaExecutor(settings)
     from harel_edge.executor.local import LocalExecutor  # noqa: PLC0415

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import urllib.request
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
+import aiohttp
 import structlog
 
 from harel_edge.errors import AuthError, PrimaryUnavailableError
@@ -34,8 +36,9 @@ log = structlog.get_logger("harel_edge.executor.remote")
 STREAM_PIPELINE = "/v3/pipeline"
 _IN_TRANSACTION = {"type": "not", "cond": {"type": "is_autocommit"}}
 # A pipeline of many commits is still small (a few KB a unit); sqld answers it in milliseconds.
-# The read timeout bounds how long a unit may wait for an answer that never comes.
-TIMEOUT = httpx.Timeout(connect=5.0, read=30.0, write=10.0, pool=30.0)
+# `sock_read` bounds how long a unit may wait for an answer that never comes; `connect` includes
+# the wait for a free connection of the pool, `sock_connect` the TCP (and TLS) handshake alone.
+TIMEOUT = aiohttp.ClientTimeout(total=None, connect=30.0, sock_connect=5.0, sock_read=30.0)
 
 
 def http_base_url(url: str) -> str:
@@ -45,6 +48,14 @@ def http_base_url(url: str) -> str:
     if scheme not in ("http", "https"):
         raise ValueError(f"{url!r} is not an http://, https:// or libsql:// address")
     return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+
+
+def environment_proxy(url: str) -> str | None:
+    """The proxy that HTTP_PROXY / HTTPS_PROXY / NO_PROXY name for `url`, if any."""
+    parts = urlsplit(url)
+    if urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return urllib.request.getproxies().get(parts.scheme)
 
 
 @dataclass
@@ -71,21 +82,17 @@ class HranaExecutor(ClosesOnce):
         max_requests: int = 2,
         max_units: int = 128,
         linger: float | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         server = settings.server
         if not server:
             raise ValueError(f"the {settings.profile} profile has no primary to send statements to")
         self.where = server
         token = settings.auth_token.get_secret_value().strip() if settings.auth_token else ""
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.AsyncClient(
-            base_url=http_base_url(server),
-            headers=headers,
-            timeout=TIMEOUT,
-            limits=httpx.Limits(max_connections=max_requests, max_keepalive_connections=max_requests),
-            transport=transport,
-        )
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._base_url = http_base_url(server)
+        self._max_requests = max_requests
+        self._proxy = environment_proxy(self._base_url)
+        self._client: aiohttp.ClientSession | None = None  # opened on the loop, at the first exchange
         self._max_units = max_units
         self._linger = settings.commit_linger if linger is None else linger
         self._slots = asyncio.Semaphore(max_requests)
@@ -118,7 +125,19 @@ class HranaExecutor(ClosesOnce):
     async def _close(self) -> None:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.close()
+
+    def _http(self) -> aiohttp.ClientSession:
+        """The connection pool, opened on the loop that uses it. The environment's proxy is looked
+        up once, here, not at every request (aiohttp's `trust_env` does it in a thread each time)."""
+        if self._client is None:
+            self._client = aiohttp.ClientSession(
+                headers=self._headers,
+                timeout=TIMEOUT,
+                connector=aiohttp.TCPConnector(limit=self._max_requests),
+            )
+        return self._client
 
     # ---- coalescing --------------------------------------------------------------------------
 
@@ -250,35 +269,24 @@ class HranaExecutor(ClosesOnce):
         else:
             url, body = stream.url, {"baton": stream.baton, "requests": requests}
         self.exchanges += 1
+        target = url if url.startswith(("http://", "https://")) else self._base_url + url
         try:
-            response = await self._client.post(url, json=body)
-        except httpx.TimeoutException as exc:
+            async with self._http().post(target, json=body, proxy=self._proxy) as response:
+                status, content = response.status, await response.read()
+        except TimeoutError as exc:
             raise PrimaryUnavailableError(
                 f"the primary at {self.where} did not answer in time ({type(exc).__name__}); its "
                 "outcome is unknown and is looked up before any retry"
             ) from None
-        except httpx.TransportError as exc:
+        except aiohttp.ClientError as exc:
             raise PrimaryUnavailableError(
                 f"cannot reach the primary at {self.where} ({type(exc).__name__}: {scrub(str(exc))}): check that it "
                 "runs and that HAREL_EDGE_URL / HAREL_EDGE_SYNC_URL is its HTTP address"
             ) from None
-        if response.status_code in (401, 403):
-            raise AuthError(
-                f"the primary at {self.where} refused the credentials (HTTP {response.status_code}: "
-                f"{scrub(response.text)[:200]}): set HAREL_EDGE_AUTH_TOKEN to a valid read-write token"
-            )
-        if response.status_code >= 500 or response.status_code == 429:
-            raise PrimaryUnavailableError(
-                f"the primary at {self.where} answered HTTP {response.status_code} "
-                f"({scrub(response.text)[:200]}); retried under the retry policy"
-            )
-        if response.status_code != 200:
-            raise ValueError(
-                f"the primary at {self.where} rejected the request: HTTP {response.status_code} "
-                f"{scrub(response.text)[:300]}"
-            )
+        if status != 200:
+            raise _status_error(self.where, status, scrub(content.decode(errors="replace")))
         try:
-            answer = response.json()
+            answer = json.loads(content)
             results = answer["results"]
             if not isinstance(results, list) or len(results) < len(requests):
                 raise ValueError("fewer results than requests")
@@ -319,6 +327,18 @@ class HranaExecutor(ClosesOnce):
             last_rowid=int(rowid) if rowid is not None else None,
             replication_index=index,
         )
+
+
+def _status_error(where: str, status: int, text: str) -> Exception:
+    """What an HTTP answer other than 200 means to the caller's retry policy."""
+    if status in (401, 403):
+        return AuthError(
+            f"the primary at {where} refused the credentials (HTTP {status}: {text[:200]}): set "
+            "HAREL_EDGE_AUTH_TOKEN to a valid read-write token"
+        )
+    if status >= 500 or status == 429:
+        return PrimaryUnavailableError(f"the primary at {where} answered HTTP {status} ({text[:200]}); retried under the retry policy")
+    return ValueError(f"the primary at {where} rejected the request: HTTP {status} {text[:300]}")
 
 
 class HranaSession:

@@ -27,7 +27,7 @@ PRELOAD = [
     "harel_edge.worker",
     "harel_edge.testing.proxy",
     "typer",
-    "httpx",
+    "aiohttp",
     "harel_edge.settings",
     "harel_edge.logs",
     "harel_edge.status",

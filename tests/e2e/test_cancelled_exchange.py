@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
+import aiohttp
 import pytest
+from aiohttp import web
 
 from harel_edge.errors import PrimaryUnavailableError
 from harel_edge.executor import Stmt
 from harel_edge.executor.remote import HranaExecutor
 from harel_edge.settings import ExplicitSettings
+from harel_edge.testing.http import loopback_http
 
 pytestmark = pytest.mark.sqld
 
@@ -23,33 +25,36 @@ class GatedRelay:
     """Forwards Hrana requests to sqld; while `gate` is shut, a request waits in the relay."""
 
     def __init__(self, upstream: str) -> None:
-        self.upstream = httpx.AsyncClient(base_url=upstream)
+        self.upstream = upstream
+        self.client = aiohttp.ClientSession()
         self.gate = asyncio.Event()
         self.gate.set()
         self.waiting = asyncio.Event()
 
-    async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001 - ASGI
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
+    async def __call__(self, request: web.BaseRequest) -> web.Response:
+        body = await request.read()
         if not self.gate.is_set():
             self.waiting.set()
             await self.gate.wait()
-        headers = {k.decode(): v.decode() for k, v in scope["headers"] if k.lower() in (b"authorization", b"content-type")}
-        answer = await self.upstream.post(scope["path"], content=body, headers=headers)
-        await send({"type": "http.response.start", "status": answer.status_code, "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": answer.content})
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
+        async with self.client.post(self.upstream + request.path, data=body, headers=headers) as answer:
+            return web.Response(status=answer.status, body=await answer.read(), content_type="application/json")
 
 
 def test_units_queued_behind_a_cancelled_drain_are_sent_and_a_cancelled_request_says_its_outcome_is_unknown(fresh_sqld_primary):
     server = fresh_sqld_primary
-    settings = ExplicitSettings.load(profile="sqld", url=server.http_url, auth_token=server.rw_token)
 
     async def main():
         relay = GatedRelay(server.http_url)
-        executor = HranaExecutor(settings, max_requests=1, linger=0.0, transport=httpx.ASGITransport(app=relay))
+        async with loopback_http(relay) as url:
+            try:
+                return await exchange_through(relay, url)
+            finally:
+                await relay.client.close()
+
+    async def exchange_through(relay: GatedRelay, url: str):
+        settings = ExplicitSettings.load(profile="sqld", url=url, auth_token=server.rw_token)
+        executor = HranaExecutor(settings, max_requests=1, linger=0.0)
         try:
             await executor.execute(Stmt("CREATE TABLE t (x)"))
             relay.gate.clear()
@@ -67,7 +72,6 @@ def test_units_queued_behind_a_cancelled_drain_are_sent_and_a_cancelled_request_
             return answers, rows
         finally:
             await executor.aclose()
-            await relay.upstream.aclose()
 
     answers, rows = asyncio.run(main())
     assert isinstance(answers[0], PrimaryUnavailableError), f"the cancelled request's caller was answered: {answers[0]!r}"

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-KEPT_OUT = ("harel", "libsql", "httpx", "tenacity", "prometheus_client")
+KEPT_OUT = ("harel", "libsql", "aiohttp", "tenacity", "prometheus_client")
 
 
 def test_the_cli_imports_neither_harel_nor_libsql_before_a_command_needs_them():

@@ -8,9 +8,9 @@ import io
 import json
 import logging
 
-import httpx
 import pytest
 import structlog
+from aiohttp import web
 
 from harel_edge import logs, retry
 from harel_edge.errors import PrimaryUnavailableError
@@ -18,20 +18,19 @@ from harel_edge.executor import Stmt
 from harel_edge.executor.remote import HranaExecutor
 from harel_edge.redaction import MARK, scrub
 from harel_edge.settings import ExplicitSettings
+from harel_edge.testing.http import loopback_http
 
 TOKEN = "eyJhbGciOiJFZERTQSJ9.eyJhIjoicncifQ.c2lnbmF0dXJlLW9mLXRoZS10b2tlbg"
 
 
-class EchoingGateway:
+def echoing_gateway(status: int):
     """A gateway in front of the primary that answers `status` with the request's headers in its body."""
 
-    def __init__(self, status: int) -> None:
-        self.status = status
+    async def answer(request: web.BaseRequest) -> web.Response:
+        headers = "\n".join(f"{k}: {v}" for k, v in request.headers.items())
+        return web.Response(status=status, text=f"bad gateway; your request was:\n{headers}")
 
-    async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001 - ASGI
-        headers = "\n".join(f"{k.decode()}: {v.decode()}" for k, v in scope["headers"])
-        await send({"type": "http.response.start", "status": self.status, "headers": [(b"content-type", b"text/plain")]})
-        await send({"type": "http.response.body", "body": f"bad gateway; your request was:\n{headers}".encode()})
+    return answer
 
 
 @pytest.fixture
@@ -52,16 +51,16 @@ def log_lines():
 
 @pytest.mark.parametrize("status", [502, 500, 429, 401, 400])
 def test_a_gateway_echoing_the_authorization_header_puts_the_token_in_no_error_and_no_log_line(status, log_lines):
-    settings = ExplicitSettings.load(
-        profile="sqld", url="http://127.0.0.1:9", auth_token=TOKEN, retry_attempts=3, retry_initial_delay=0.001
-    )
-
     async def main():
-        executor = HranaExecutor(settings, transport=httpx.ASGITransport(app=EchoingGateway(status)))
-        try:
-            return await retry.acall_with_retry(settings, "publish", lambda: executor.execute(Stmt("SELECT 1")))
-        finally:
-            await executor.aclose()
+        async with loopback_http(echoing_gateway(status)) as url:
+            settings = ExplicitSettings.load(
+                profile="sqld", url=url, auth_token=TOKEN, retry_attempts=3, retry_initial_delay=0.001
+            )
+            executor = HranaExecutor(settings)
+            try:
+                return await retry.acall_with_retry(settings, "publish", lambda: executor.execute(Stmt("SELECT 1")))
+            finally:
+                await executor.aclose()
 
     with pytest.raises(Exception) as raised:  # noqa: PT011 - the kind depends on the status
         asyncio.run(main())
