@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--orders", type=int, default=300, help="executions; each gets 4 events")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--max-in-flight", type=int, default=256, help="HAREL_EDGE_MAX_IN_FLIGHT of the worker")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     freeze_startup_objects()  # as a worker process does (`serve`)
@@ -57,7 +58,7 @@ def main() -> None:
             for profile in profiles:
                 for rtt in rtts:
                     n += 1
-                    common = {"prefix": f"t{n}", "worker_id": f"tax-{n}"}
+                    common = {"prefix": f"t{n}", "worker_id": f"tax-{n}", "max_in_flight": args.max_in_flight}
                     # A primary of its own: sqld reads the whole schema into every new stream, so
                     # cells sharing one would slow down as their tables pile up.
                     with start_sqld_primary() as server, LatencyProxy(server.http_port, delay=rtt / 2000) as proxy:

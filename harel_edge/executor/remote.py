@@ -283,6 +283,7 @@ class HranaExecutor(ClosesOnce):
                 f"cannot reach the primary at {self.where} ({type(exc).__name__}: {scrub(str(exc))}): check that it "
                 "runs and that HAREL_EDGE_URL / HAREL_EDGE_SYNC_URL is its HTTP address"
             ) from None
+        log.debug("hrana exchange", requests=len(requests), status=status)  # a line a request, when debugging
         if status != 200:
             raise _status_error(self.where, status, scrub(content.decode(errors="replace")))
         try:
