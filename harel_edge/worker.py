@@ -166,7 +166,7 @@ def statechart_worker(
         max_deliveries=settings.max_deliveries,
     )
     if settings.profile != "local":
-        path.next_claim = transport.ride
+        path.claimer = transport
     return EdgeAsyncWorker(
         EventStore(path),
         transport,

@@ -6,6 +6,7 @@ A unit of work goes as one piece, and units in flight together are coalesced (do
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -81,8 +82,40 @@ class Executor(Protocol):
         """All statements or none; a failing one raises `StatementError` naming its index.
         Cancelled, the caller cannot know which: the unit may still commit."""
 
+    def deferred(self, build: Callable[[], list[Stmt]]) -> asyncio.Future:
+        """A transaction whose statements `build` makes (on the loop) when the commit or exchange
+        that carries it is put together, run after every other unit in it; the future's result
+        is its statements' results, or [] when `build` made none (then nothing is sent)."""
+
     async def aclose(self) -> None:
         """Send what is queued, then release connections."""
+
+
+def built(units: list[Any], request_for: Callable[[list[Stmt]], Any] | None = None) -> list[Any]:
+    """The units of one commit or exchange, the deferred ones (`Executor.deferred`) made now and
+    put last; one that makes no statement is answered [] and left out, one whose `build` raised
+    gets the error. `request_for`: what a remote unit sends for its statements."""
+    ready, last = [], []
+    for unit in units:
+        build, unit.build = unit.build, None
+        if build is None:
+            ready.append(unit)
+            continue
+        try:
+            stmts = build()
+        except Exception as exc:  # noqa: BLE001 - handed to the unit's caller
+            if not unit.future.done():
+                unit.future.set_exception(exc)
+            continue
+        if not stmts:
+            if not unit.future.done():
+                unit.future.set_result([])
+            continue
+        unit.stmts = stmts
+        if request_for is not None:
+            unit.request, unit.statements = request_for(stmts), len(stmts)
+        last.append(unit)
+    return ready + last
 
 
 def blocking_execute(executor: Executor, loop: Any) -> Any:

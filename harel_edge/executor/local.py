@@ -10,12 +10,13 @@ import asyncio
 import contextlib
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from harel_edge.connection import EdgeConnection
-from harel_edge.executor import ClosesOnce, ExecutorClosedError, Result, StatementError, Stmt
+from harel_edge.executor import ClosesOnce, ExecutorClosedError, Result, StatementError, Stmt, built
 from harel_edge.settings import EdgeSettings
 
 # A lone unit of more statements than this (a large publish) goes to the thread, so that the
@@ -47,6 +48,7 @@ class _Unit:
     single: bool
     future: asyncio.Future
     volatile: bool = False
+    build: Callable[[], list[Stmt]] | None = None  # a deferred unit's statements, made when it is committed
 
 
 class LocalExecutor(ClosesOnce):
@@ -89,6 +91,10 @@ class LocalExecutor(ClosesOnce):
             return []
         return await self._submit(list(stmts), single=False)
 
+    def deferred(self, build: Callable[[], list[Stmt]]) -> asyncio.Future:
+        """Volatile alone: what defers its statements is a claim (a lease), as `claim_many`'s are."""
+        return self._submit([], single=False, volatile=True, build=build)
+
     async def _close(self) -> None:
         while self._drain_task is not None and not self._drain_task.done():
             await asyncio.gather(self._drain_task, return_exceptions=True)
@@ -96,11 +102,13 @@ class LocalExecutor(ClosesOnce):
             await asyncio.get_running_loop().run_in_executor(self._thread, self._connection.close)
         self._thread.shutdown(wait=True)
 
-    def _submit(self, stmts: list[Stmt], *, single: bool, volatile: bool = False) -> asyncio.Future:
+    def _submit(
+        self, stmts: list[Stmt], *, single: bool, volatile: bool = False, build: Callable[[], list[Stmt]] | None = None
+    ) -> asyncio.Future:
         if self.closed:
             raise ExecutorClosedError(f"{self!r} was closed: open a new transport or store to go on")
         future = asyncio.get_running_loop().create_future()
-        self._queue.append(_Unit(stmts, single, future, volatile))
+        self._queue.append(_Unit(stmts, single, future, volatile, build))
         if not self._draining:
             self._start_drain()
         return future
@@ -129,6 +137,9 @@ class LocalExecutor(ClosesOnce):
                 cancelled = True
             units = self._queue[: self._max_units]
             del self._queue[: len(units)]
+            units = built(units)
+            if not units:
+                continue
             try:
                 await self._send(loop, units)
             except asyncio.CancelledError:

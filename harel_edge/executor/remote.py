@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -17,7 +18,7 @@ import aiohttp
 import structlog
 
 from harel_edge.errors import AuthError, PrimaryUnavailableError
-from harel_edge.executor import ClosesOnce, ExecutorClosedError, Result, StatementError, Stmt
+from harel_edge.executor import ClosesOnce, ExecutorClosedError, Result, StatementError, Stmt, built
 from harel_edge.executor.hrana import (
     NOT_RUN,
     decode,
@@ -65,6 +66,7 @@ class _Unit:
     statements: int  # 0 for a single execute, else the transaction's statement count
     stmts: list[Stmt]
     alone: bool = False  # sent as its own request, never in a shared transaction
+    build: Callable[[], list[Stmt]] | None = None  # a deferred unit's statements, made when it is sent
 
 
 class HranaExecutor(ClosesOnce):
@@ -113,14 +115,10 @@ class HranaExecutor(ClosesOnce):
     async def transaction(self, stmts: list[Stmt]) -> list[Result]:
         if not stmts:
             return []
-        steps = [{"stmt": stmt_json(Stmt("BEGIN IMMEDIATE"))}]
-        for i, stmt in enumerate([*stmts, Stmt("COMMIT")]):
-            steps.append({"stmt": stmt_json(stmt), "condition": {"type": "ok", "step": i}})
-        commit = len(steps) - 1
-        steps.append(
-            {"stmt": stmt_json(Stmt("ROLLBACK")), "condition": {"type": "not", "cond": {"type": "ok", "step": commit}}}
-        )
-        return await self._submit({"type": "batch", "batch": {"steps": steps}}, len(stmts), stmts)
+        return await self._submit(_transaction_request(stmts), len(stmts), stmts)
+
+    def deferred(self, build: Callable[[], list[Stmt]]) -> asyncio.Future:
+        return self._submit({}, 0, [], build=build)
 
     async def _close(self) -> None:
         while self._tasks:
@@ -141,11 +139,13 @@ class HranaExecutor(ClosesOnce):
 
     # ---- coalescing --------------------------------------------------------------------------
 
-    def _submit(self, request: dict[str, Any], statements: int, stmts: list[Stmt]) -> asyncio.Future:
+    def _submit(
+        self, request: dict[str, Any], statements: int, stmts: list[Stmt], build: Callable[[], list[Stmt]] | None = None
+    ) -> asyncio.Future:
         if self.closed:
             raise ExecutorClosedError(f"{self!r} was closed: open a new transport or store to go on")
         future = asyncio.get_running_loop().create_future()
-        self._queue.append(_Unit(request, future, statements, stmts))
+        self._queue.append(_Unit(request, future, statements, stmts, build=build))
         if not self._draining:
             self._start_drain()
         return future
@@ -186,6 +186,10 @@ class HranaExecutor(ClosesOnce):
                 cancelled = True
             units = self._queue[: self._max_units]
             del self._queue[: len(units)]
+            units = built(units, _transaction_request)
+            if not units:
+                self._slots.release()
+                continue
             self._spawn(self._exchange(units))
         if cancelled:
             raise asyncio.CancelledError
@@ -340,6 +344,17 @@ def _status_error(where: str, status: int, text: str) -> Exception:
     if status >= 500 or status == 429:
         return PrimaryUnavailableError(f"the primary at {where} answered HTTP {status} ({text[:200]}); retried under the retry policy")
     return ValueError(f"the primary at {where} rejected the request: HTTP {status} {text[:300]}")
+
+
+def _transaction_request(stmts: list[Stmt]) -> dict[str, Any]:
+    """One `batch`: `BEGIN IMMEDIATE`, each statement if the step before succeeded, `COMMIT`,
+    and a `ROLLBACK` that runs when the `COMMIT` did not."""
+    steps = [{"stmt": stmt_json(Stmt("BEGIN IMMEDIATE"))}]
+    for i, stmt in enumerate([*stmts, Stmt("COMMIT")]):
+        steps.append({"stmt": stmt_json(stmt), "condition": {"type": "ok", "step": i}})
+    commit = len(steps) - 1
+    steps.append({"stmt": stmt_json(Stmt("ROLLBACK")), "condition": {"type": "not", "cond": {"type": "ok", "step": commit}}})
+    return {"type": "batch", "batch": {"steps": steps}}
 
 
 class HranaSession:

@@ -6,10 +6,12 @@ applied twice (a lease not acked lapses, a publish is idempotent on its event id
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import secrets
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -17,15 +19,25 @@ from harel.engine.transport import Lease
 from harel.spec.states import Event
 
 from harel_edge import observability
-from harel_edge.executor import Stmt
+from harel_edge.executor import StatementError, Stmt
 from harel_edge.queue import statements as sql
 from harel_edge.queue.dead_letters import DeadLetters
-from harel_edge.queue.leases import Clock, EventPath, LeaseKey, Ride
+from harel_edge.queue.leases import Clock, EventPath, LeaseKey
 from harel_edge.queue.statements import Message
 
 log = structlog.get_logger("harel_edge.transport")
 
 LIMITED_CLAIMS = 100  # after a claim found a limit set: claims that read them before trying without
+
+
+@dataclass
+class _TailClaim:
+    """A claim that a commit or exchange carries: what it asked for, once it was made."""
+
+    free: int = 0
+    token: str | None = None
+    wanted: tuple | None = None
+    limited: bool = False
 
 
 class EventTransport(DeadLetters):
@@ -60,7 +72,12 @@ class EventTransport(DeadLetters):
         self._wanted: tuple | None = None  # the last claim's arguments, for a claim a commit carries
         self._sql: dict[tuple[bool, bool, bool], str] = {}
         self._limited = 0  # claims left to make with the statement that reads the limits
-        self._riding = 0  # leases that claims riding on commits in flight add, net of the acks they carry
+        # Free slots: `concurrency - len(held) - _claiming`, and for a claim that goes after
+        # commits, the slots their acks free as well (`_freeing`).
+        self._claiming = 0  # leases that claims carried by commits will add
+        self._freeing = 0  # commits that carry a claim, not yet over
+        self._tail: asyncio.Task | None = None  # the claim the next commit or exchange carries
+        self._tails: set[asyncio.Task] = set()
 
     @property
     def held(self) -> dict[LeaseKey, Lease]:
@@ -132,7 +149,7 @@ class EventTransport(DeadLetters):
         if self._buffer and self._buffer_for == wanted:
             return self._buffer.popleft()
         # The free slots: leases held (buffered ones included) count against `concurrency`.
-        n = max(1, self.concurrency - len(self.path.held) - self._riding) if self.prefetch and not self._buffer else 1
+        n = max(1, self.concurrency - len(self.path.held) - self._claiming) if self.prefetch and not self._buffer else 1
         leases = await self.claim_many(worker_id, visibility, n, min_priority, keys, with_execution=self.prefetch)
         if not leases:
             return None
@@ -217,42 +234,77 @@ class EventTransport(DeadLetters):
             leases.append(lease)
         return leases, buried
 
-    def ride(self) -> Ride | None:
-        """The claim a commit that acks one of this transport's leases carries for the slot it
-        frees, when the next `claim` would make it anyway (a worker taking one event at a time):
-        one exchange an event instead of two. None when the buffer or the free slots say no.
-        Commits in flight together each take the slot their ack frees, and no more than the rest."""
+    def claim_with_commit(self) -> asyncio.Task | None:
+        """A commit that acks one of this transport's leases is about to be queued: the commit or
+        exchange that carries it also carries one claim, after it, for every slot the commits in
+        it free (one claim statement for them all: its cost is its own, not its rows'). Returns
+        the claim's task, for the commit to wait on, or None when the buffer or the claims say no.
+        The commit calls `commit_ended` once it is over, whatever became of it."""
         if self._wanted is None or self._buffer:
             return None
-        free = self.concurrency - len(self.path.held) - self._riding + 1  # the lease the commit acks frees one
-        if free < 1:
-            return None
-        self._riding += free - 1
-        wanted = worker_id, visibility, min_priority, keys = self._wanted
-        token, params = sql.claim_params(worker_id, visibility, min_priority, keys, self.path.now())
-        limited, self._limited = self._limited > 0, max(self._limited - 1, 0)  # as `_claim_once`
-        statement = Stmt(self._claim_statement(bool(keys), True, limited), (*params, free))
-        lookup = Stmt(sql.leased_sql(self.path.queue, self._returning(True, after_trigger=True)), (token,))
+        self._freeing += 1  # the slot the commit's ack frees
+        if self._tail is None:
+            tail = _TailClaim()
+            future = self.path.executor.deferred(functools.partial(self._tail_statements, tail))
+            self._tail = self._spawn(self._tail_settled(tail, future))
+        return self._tail
 
-        def refused(exc: BaseException) -> bool:
-            """The claim failed its commit because a limit is now set: claims read them from now on."""
-            if limited or not sql.limits_were_set(exc):
-                return False
-            self._limited = LIMITED_CLAIMS
-            return True
+    def commit_ended(self) -> None:
+        """The commit that `claim_with_commit` counted is over: its lease is acked, or still held."""
+        self._freeing -= 1
 
-        async def take(rows: list[tuple]) -> None:
-            leases, _ = await self._take(rows, token, True)
+    def _tail_statements(self, tail: _TailClaim) -> list[Stmt]:
+        """The claim, made as its commit or exchange is put together: the free slots then."""
+        self._tail = None
+        free = self.concurrency - len(self.path.held) - self._claiming + self._freeing
+        if free < 1 or self._wanted is None or self._buffer:
+            return []
+        self._claiming += free
+        tail.free, tail.wanted = free, self._wanted
+        worker_id, visibility, min_priority, keys = self._wanted
+        tail.token, params = sql.claim_params(worker_id, visibility, min_priority, keys, self.path.now())
+        tail.limited, self._limited = self._limited > 0, max(self._limited - 1, 0)  # as `_claim_once`
+        return [Stmt(self._claim_statement(bool(keys), True, tail.limited), (*params, free))]
+
+    async def _tail_settled(self, tail: _TailClaim, future: asyncio.Future) -> None:
+        """Hold what the claim leased, or, when its answer was lost, what its token holds; a
+        lease not found lapses by itself. A claim refused because a limit is now set makes the
+        claims read the limits from now on."""
+        try:
+            rows = []
+            try:
+                results = await future
+                rows = results[0].rows if results else []
+            except StatementError as exc:
+                if not tail.limited and sql.limits_were_set(exc):
+                    self._limited = LIMITED_CLAIMS
+            except Exception as exc:  # noqa: BLE001 - the outcome is unknown: look it up
+                if tail.token is None or self.path.executor.closed:
+                    return
+                log.info("looking up a claim whose answer was lost", error=str(exc)[:200])
+                lookup = sql.leased_sql(self.path.queue, self._returning(True, after_trigger=True))
+                rows = (await self.path.run("claim", lambda: self.path.execute(lookup, tail.token))).rows
+            leases, _ = await self._take(rows, tail.token, True) if rows else ([], 0)
             if leases:
                 observability.CLAIMS.inc(len(leases))
                 if self._report is not None:
                     self._report.claims += len(leases)
-                await self._stash(leases, wanted)
+                await self._stash(leases, tail.wanted)
+        except Exception as exc:  # noqa: BLE001 - the commits that carried it went through; its leases lapse
+            log.warning("a claim carried by a commit was lost; its leases lapse", error=str(exc)[:200])
+        finally:
+            self._claiming -= tail.free
 
-        return Ride(statement, lookup, take, refused, ended=functools.partial(self._rode, free - 1))
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tails.add(task)
+        task.add_done_callback(self._tails.discard)
+        return task
 
-    def _rode(self, extra: int) -> None:
-        self._riding -= extra
+    async def claims_settled(self) -> None:
+        """Wait for the claims commits carry to be answered, their leases held or buffered."""
+        while self._tails:
+            await asyncio.gather(*list(self._tails), return_exceptions=True)
 
     def _claim_statement(self, keyed: bool, with_execution: bool, limited: bool) -> str:
         statement = self._sql.get((keyed, with_execution, limited))
@@ -376,7 +428,9 @@ class EventTransport(DeadLetters):
 
     async def release_held(self, *, buffered_only: bool = False) -> int:
         """Give back every lease not yet settled (at shutdown, after cancelling its handler), or
-        only those claimed ahead and not yet handed out (`buffered_only`, at close)."""
+        only those claimed ahead and not yet handed out (`buffered_only`, at close); the claims
+        that commits carry are answered first."""
+        await self.claims_settled()
         leases = list(self._buffer) if buffered_only else list(self.path.held.values())
         self._buffer.clear()
         released = 0

@@ -87,7 +87,7 @@ class AsyncLibsqlTransport(EventTransport):
         """Give back the leases claimed ahead and not handed out (their groups would wait for
         them to lapse), send what is queued, then close the connections."""
         try:
-            if self.buffered and not self.path.executor.closed:
+            if (self.buffered or self._tails) and not self.path.executor.closed:
                 # Best effort, bounded: a lease not given back lapses by itself.
                 with contextlib.suppress(Exception, asyncio.TimeoutError):
                     await asyncio.wait_for(self.release_held(buffered_only=True), GIVE_BACK_SECONDS)

@@ -5,8 +5,7 @@ The claim brings each message's execution; the store's commit carries the messag
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from harel.engine.schema import Names
@@ -19,20 +18,6 @@ from harel_edge.settings import EdgeSettings
 
 Clock = Callable[[], float]
 LeaseKey = tuple[int, str | None]
-
-
-@dataclass(frozen=True)
-class Ride:
-    """A claim that goes inside a commit's unit of work: its statement, the look-up of what it
-    leased (after an ambiguous commit), what to do with the rows either gives, and whether an
-    error of the commit was the claim's own refusal (then the commit goes again without it);
-    `ended` is called once the commit is over, whatever became of it."""
-
-    statement: Stmt
-    lookup: Stmt
-    take: Callable[[list[tuple]], Awaitable[None]]
-    refused: Callable[[BaseException], bool]
-    ended: Callable[[], None]
 
 
 class EventPath:
@@ -51,8 +36,8 @@ class EventPath:
         self.acked_by_commit: dict[LeaseKey, bool] = {}
         self.deliveries: dict[LeaseKey, int] = {}  # which delivery of its message a lease is
         self.failures: dict[LeaseKey, str] = {}  # a handling failure, for the nack to record
-        # The transport's next claim, for a commit to carry (`EventTransport.ride`); None: none rides.
-        self.next_claim: Callable[[], Ride | None] | None = None
+        # The transport whose claims commits carry (`EventTransport.claim_with_commit`); None: none do.
+        self.claimer: Any = None
 
     def now(self) -> float | None:
         return self.clock() if self.clock is not None else None

@@ -4,6 +4,7 @@ A cancelled caller cannot know whether its commit landed; the version check appl
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -14,7 +15,7 @@ from harel.engine.transport import Lease
 from harel.spec.states import Event
 
 from harel_edge.executor import Result, StatementError, Stmt
-from harel_edge.queue.leases import EventPath, Ride
+from harel_edge.queue.leases import EventPath
 from harel_edge.queue.statements import ack_statement, lock_of_sql
 from harel_edge.store import statements as store_sql
 
@@ -149,36 +150,21 @@ class EventStore:
         if trace is not None:
             stmts.extend(self._trace_stmts(exe.id, trace))
         lease = self.path.by_event.get((exe.id, processed_event_id)) if processed_event_id else None
-        ride = None
+        claim = None
         if lease is not None:
             stmts.append(ack_statement(self.path.queue, lease))
-            ride = self.path.next_claim() if self.path.next_claim is not None else None
-            if ride is not None:
-                stmts.append(ride.statement)
+            claimer = self.path.claimer
+            claim = claimer.claim_with_commit() if claimer is not None else None
         try:
-            results = await self._commit_riding(exe, stmts, emits, lease, ride)
+            results = await self._write_unit(exe, stmts, "store.commit", emits=emits, lease=lease)
         finally:
-            if ride is not None:
-                ride.ended()
+            if claim is not None:
+                claimer.commit_ended()
         if lease is not None:
             self.path.acked_by_commit[(lease.seq, lease.token)] = bool(results[-1].rows)
+        if claim is not None:  # the leases the claim after this commit took are held when it returns
+            await asyncio.shield(claim)
         return [int(r.rows[0][0]) for r in results[: len(emits)]]
-
-    async def _commit_riding(
-        self, exe: Execution, stmts: list[Stmt], emits: list, lease: Lease | None, ride: Ride | None
-    ) -> list[Result]:
-        """The commit's unit with the claim riding on it, if any (its leases taken); once more
-        without the claim when the claim was what the primary refused."""
-        try:
-            results = await self._write_unit(exe, stmts, "store.commit", emits=emits, lease=lease, ride=ride)
-        except StatementError as exc:
-            if ride is None or not ride.refused(exc):
-                raise
-            stmts.pop()  # nothing of the unit was applied: once more, without the claim
-            return await self._write_unit(exe, stmts, "store.commit", emits=emits, lease=lease)
-        if ride is not None:
-            await ride.take(results.pop().rows)
-        return results
 
     async def append_trace(self, execution_id: str, entry: dict) -> None:
         stmts = self._trace_stmts(execution_id, entry)
@@ -259,11 +245,9 @@ class EventStore:
         *,
         emits: list = (),
         lease: Lease | None = None,
-        ride: Ride | None = None,
     ) -> list[Result]:
         """Write `exe` one version on (compare-and-set on its version) with `rest`, as one
-        transaction; returns the results of `rest` (which ends with `lease`'s ack, then `ride`'s
-        claim, when given). A lost outcome is looked up: the row holds exactly what was sent."""
+        transaction; returns the results of `rest` (which ends with `lease`'s ack, when given). A lost outcome is looked up: the row holds exactly what was sent."""
         n = self._n
         old = exe.version
         data = exe.model_copy(update={"version": old + 1}).model_dump_json()
@@ -300,11 +284,9 @@ class EventStore:
                 ).rows
                 results.append(Result(rows=found or [(0,)]))
             results.extend(Result() for _ in rest[len(emits) :])
-            if ride is not None:  # what the claim that rode with the commit leased
-                results[-1] = await self.path.executor.execute(ride.lookup)
             if lease is not None:  # the commit landed, and with it the ack, if the lease still held
                 gone = await self._message_gone(lease)
-                results[-2 if ride is not None else -1] = Result(rows=[(lease.seq,)] if gone else [])
+                results[-1] = Result(rows=[(lease.seq,)] if gone else [])
             return results
 
         results = await self.path.run(operation, attempt, resolve)

@@ -78,7 +78,7 @@ class EdgeStore(SyncFace):
             core = transport.core
             # The execution with each claim, one lease at a time, and each commit carries the next claim.
             core.prefetch, core.concurrency = True, 1
-            core.path.next_claim = core.ride
+            core.path.claimer = core
             self._core: EventStore = self._start_beside(transport, _beside(core.path, create_schema))
             return
         self.settings = settings or EdgeSettings.load()

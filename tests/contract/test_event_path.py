@@ -220,8 +220,8 @@ def test_the_workers_commit_of_each_event_carries_the_next_claim_so_each_event_c
         try:
             worker = statechart_worker(executor, settings, definitions)
             if settings.profile == "local":
-                assert worker.transport.path.next_claim is None, "no round trip to save"
-                worker.transport.path.next_claim = worker.transport.ride  # the mechanism, still tested here
+                assert worker.transport.path.claimer is None, "no round trip to save"
+                worker.transport.path.claimer = worker.transport  # the mechanism, still tested here
             await worker.store.save(Execution(id="order", definition_id="order"))
             for kind, data in (("Start", {}), ("Pay", {"amount": 3.0}), ("Ship", {}), ("Deliver", {})):
                 await worker.transport.publish("order", Event(kind=kind, data=data))
@@ -244,7 +244,7 @@ def test_commits_in_flight_together_claim_no_more_than_the_slots_they_free(edge)
     async def main():
         async with event_path(edge.settings(), concurrency=3) as (plain, store):
             transport = EventTransport(plain.path, concurrency=3, prefetch=True)
-            transport.path.next_claim = transport.ride
+            transport.path.claimer = transport
             for group in "abcdefgh":
                 await store.save(Execution(id=group, definition_id="d"))
                 await transport.publish(group, Event(kind="one"))

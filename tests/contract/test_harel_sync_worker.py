@@ -178,7 +178,7 @@ def test_a_closing_transport_gives_back_the_lease_its_last_commit_claimed_ahead(
         assert other.depth() == 0
 
 
-def test_a_limit_set_while_the_worker_runs_refuses_the_claim_a_commit_carries_and_the_commit_goes_again_without_it(edge):
+def test_a_limit_set_while_the_worker_runs_refuses_the_claim_a_commit_carries_and_not_the_commit(edge):
     from harel_edge.limits import set_key_limit  # noqa: PLC0415
 
     definitions = load_definitions(str(EXAMPLES))
@@ -193,7 +193,8 @@ def test_a_limit_set_while_the_worker_runs_refuses_the_claim_a_commit_carries_an
         executor = transport.core.path.executor
         before = executor.exchanges
         assert worker.step() is True
-        assert executor.exchanges == before + 2, "the commit was refused with its claim, then went alone"
+        assert executor.exchanges == before + 1, "the commit and its claim went together"
+        assert transport.core.buffered == 0, "the claim was refused on its own; the commit went through"
         steps = 2
         while worker.step():
             steps += 1
