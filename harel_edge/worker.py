@@ -153,9 +153,8 @@ def statechart_worker(
     executor: Any, settings: EdgeSettings, definitions: dict[str, Any], *, report: Any = None, count_groups: bool = False
 ) -> EdgeAsyncWorker:
     """harel's async worker on the event path: a claim brings each event's execution, and the
-    commit of an event carries its ack and, to a primary, the next claim (one exchange an event;
-    on a local file there is no round trip to save, and the claim a commit carries costs more
-    than its share of a `claim_many`, measured)."""
+    commit of an event carries its ack and the next claim, one claim for all the commits of one
+    exchange or local commit (one exchange an event; docs/executor.md)."""
     path = EventPath(executor, settings)
     transport = EventTransport(
         path,
@@ -165,8 +164,7 @@ def statechart_worker(
         count_groups=count_groups,
         max_deliveries=settings.max_deliveries,
     )
-    if settings.profile != "local":
-        path.claimer = transport
+    path.claimer = transport
     return EdgeAsyncWorker(
         EventStore(path),
         transport,
