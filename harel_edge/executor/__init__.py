@@ -111,11 +111,23 @@ def built(units: list[Any], request_for: Callable[[list[Stmt]], Any] | None = No
             if not unit.future.done():
                 unit.future.set_result([])
             continue
-        unit.stmts = stmts
+        unit.stmts, unit.tail = stmts, True
         if request_for is not None:
             unit.request, unit.statements = request_for(stmts), len(stmts)
         last.append(unit)
     return ready + last
+
+
+def waiting(units: list[Any]) -> int:
+    """Units queued by callers: a deferred unit goes with them, and is no reason to linger."""
+    return sum(1 for unit in units if unit.build is None and not unit.tail)
+
+
+def with_one_tail(units: list[Any]) -> bool:
+    """A lone transaction and the one-statement deferred unit after it (a commit and its claim):
+    one transaction with no savepoint, since a failing statement undoes only itself, and the
+    unit's failure undoes both."""
+    return len(units) == 2 and units[1].tail and len(units[1].stmts) == 1 and not units[0].tail
 
 
 def blocking_execute(executor: Executor, loop: Any) -> Any:

@@ -16,7 +16,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from harel_edge.connection import EdgeConnection
-from harel_edge.executor import ClosesOnce, ExecutorClosedError, Result, StatementError, Stmt, built
+from harel_edge.executor import (
+    ClosesOnce,
+    ExecutorClosedError,
+    Result,
+    StatementError,
+    Stmt,
+    built,
+    waiting,
+    with_one_tail,
+)
 from harel_edge.settings import EdgeSettings
 
 # A lone unit of more statements than this (a large publish) goes to the thread, so that the
@@ -49,6 +58,7 @@ class _Unit:
     future: asyncio.Future
     volatile: bool = False
     build: Callable[[], list[Stmt]] | None = None  # a deferred unit's statements, made when it is committed
+    tail: bool = False  # a deferred unit, made: it runs after the others
 
 
 class LocalExecutor(ClosesOnce):
@@ -131,7 +141,7 @@ class LocalExecutor(ClosesOnce):
         cancelled = False
         while self._queue:
             try:
-                if self._linger > 0 and len(self._queue) > 1:  # under load only: see HranaExecutor
+                if self._linger > 0 and waiting(self._queue) > 1:  # under load only: see HranaExecutor
                     await asyncio.sleep(self._linger)
             except asyncio.CancelledError:
                 cancelled = True
@@ -154,7 +164,8 @@ class LocalExecutor(ClosesOnce):
         the GIL for all of a call, so a thread would only add a hand-off; anything more on a thread
         (docs/executor.md, "A local file: which units go to a thread"). The commit answers its
         units itself, so a cancelled drain strands none; cancelled before it starts, they are queued again."""
-        inline = len(units) == 1 and len(units[0].stmts) <= INLINE_STATEMENTS
+        lone = len(units) == 1 or (with_one_tail(units) and not units[0].single)
+        inline = lone and sum(len(unit.stmts) for unit in units) <= INLINE_STATEMENTS
         taken = _Once()
         loop_thread = threading.get_ident()
 
@@ -211,6 +222,8 @@ class LocalExecutor(ClosesOnce):
         itself (`INSERT OR ROLLBACK`, `RAISE(ROLLBACK)`) gets its error; the others go again without it."""
         if len(units) == 1:
             return [_run_alone(raw, units[0])]
+        if with_one_tail(units) and not units[0].single:
+            return _run_with_tail(raw, *units)
         ended: dict[int, StatementError] = {}  # units that rolled back the whole transaction
         while True:
             outcomes = self._try_commit(raw, units, ended)
@@ -294,6 +307,40 @@ def _run_alone(raw: Any, unit: _Unit) -> Any:
             raw.execute("ROLLBACK")
         raise
     return results
+
+
+def _run_with_tail(raw: Any, unit: _Unit, tail: _Unit) -> list[Any]:
+    """`unit` and the one statement of the deferred `tail` in one transaction: a tail that fails
+    undoes only itself (a statement's own atomicity), a unit that fails undoes both."""
+    raw.execute("BEGIN IMMEDIATE")
+    try:
+        results = [_run_one(raw, stmt, step) for step, stmt in enumerate(unit.stmts)]
+    except _RolledBack as exc:
+        return [exc.error, []]
+    except StatementError as exc:
+        raw.execute("ROLLBACK")
+        return [exc, []]
+    except BaseException:
+        if raw.in_transaction:
+            raw.execute("ROLLBACK")
+        raise
+    try:
+        tail_outcome: Any = [_run_one(raw, tail.stmts[0], 0)]
+    except _RolledBack as exc:  # the tail took the unit with it: the unit goes again alone
+        return [_run_alone(raw, unit), exc.error]
+    except StatementError as exc:
+        tail_outcome = exc
+    except BaseException:
+        if raw.in_transaction:
+            raw.execute("ROLLBACK")
+        raise
+    try:
+        raw.execute("COMMIT")
+    except BaseException:
+        if raw.in_transaction:
+            raw.execute("ROLLBACK")
+        raise
+    return [results, tail_outcome]
 
 
 def _run_one(raw: Any, stmt: Stmt, step: int) -> Result:

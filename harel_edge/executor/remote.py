@@ -18,7 +18,16 @@ import aiohttp
 import structlog
 
 from harel_edge.errors import AuthError, PrimaryUnavailableError
-from harel_edge.executor import ClosesOnce, ExecutorClosedError, Result, StatementError, Stmt, built
+from harel_edge.executor import (
+    ClosesOnce,
+    ExecutorClosedError,
+    Result,
+    StatementError,
+    Stmt,
+    built,
+    waiting,
+    with_one_tail,
+)
 from harel_edge.executor.hrana import (
     NOT_RUN,
     decode,
@@ -67,6 +76,7 @@ class _Unit:
     stmts: list[Stmt]
     alone: bool = False  # sent as its own request, never in a shared transaction
     build: Callable[[], list[Stmt]] | None = None  # a deferred unit's statements, made when it is sent
+    tail: bool = False  # a deferred unit, made: it runs after the others
 
 
 class HranaExecutor(ClosesOnce):
@@ -180,7 +190,7 @@ class HranaExecutor(ClosesOnce):
             try:
                 # Linger only under load (other units waiting or in flight): a lone caller
                 # is sent at once, and concurrent events get time to join one exchange.
-                if self._linger > 0 and (len(self._queue) > 1 or self._in_flight > 0):
+                if self._linger > 0 and (waiting(self._queue) > 1 or self._in_flight > 0):
                     await asyncio.sleep(self._linger)
             except asyncio.CancelledError:
                 cancelled = True
@@ -197,10 +207,13 @@ class HranaExecutor(ClosesOnce):
     async def _exchange(self, units: list[_Unit]) -> None:
         """Several units with a write among them share one transaction (one commit on the
         primary); otherwise each unit is a request of its own in the exchange."""
-        grouped = len(units) > 1 and any(u.statements for u in units) and not any(u.alone for u in units)
+        paired = with_one_tail(units) and units[0].statements > 0 and not any(u.alone for u in units)
+        grouped = not paired and len(units) > 1 and any(u.statements for u in units) and not any(u.alone for u in units)
         self._in_flight += 1
         try:
-            if grouped:
+            if paired:
+                results = await self._post([_with_tail_request(units[0].stmts, units[1].stmts[0])])
+            elif grouped:
                 request, layout = grouped_batch([u.stmts for u in units])
                 results = await self._post([request])
             else:
@@ -219,6 +232,9 @@ class HranaExecutor(ClosesOnce):
         finally:
             self._in_flight -= 1
             self._slots.release()
+        if paired:
+            self._settle_with_tail(units[0], units[1], results[0])
+            return
         if grouped:
             self._settle_together(units, results[0], layout)
             return
@@ -254,6 +270,32 @@ class HranaExecutor(ClosesOnce):
             self._queue[:0] = again
             if not self._draining:
                 self._start_drain()
+
+    def _settle_with_tail(self, unit: _Unit, tail: _Unit, answer: dict[str, Any]) -> None:
+        """The answer of `_with_tail_request`: the unit's results or error, and the tail's (none
+        when the unit failed, since it did not run)."""
+        n = len(unit.stmts)
+        try:
+            if answer.get("type") != "ok":
+                raise statement_error(answer.get("error") or {}, 0)
+            batch = answer["response"]["result"]
+            errors, steps = batch.get("step_errors") or [], batch["step_results"]
+            for step, error in enumerate(errors[: n + 1]):
+                if error is not None:
+                    raise statement_error(error, step - 1)
+            if steps[n + 2] is None:  # the COMMIT did not run: nothing was applied
+                raise StatementError("the transaction was not committed", step=n)
+            results = [self._result(raw) for raw in steps[1 : n + 1]]
+        except Exception as exc:  # noqa: BLE001 - handed to the unit's caller
+            _answer(unit.future, exception=exc)
+            _answer(tail.future, result=[])
+            return
+        _answer(unit.future, result=results)
+        error = errors[n + 1] if len(errors) > n + 1 else None
+        if error is not None:
+            _answer(tail.future, exception=statement_error(error, 0))
+        else:
+            _answer(tail.future, result=[self._result(steps[n + 1])] if steps[n + 1] is not None else [])
 
     def session(self) -> HranaSession:
         """A stream of its own on the primary, for work that holds a transaction across round
@@ -344,6 +386,29 @@ def _status_error(where: str, status: int, text: str) -> Exception:
     if status >= 500 or status == 429:
         return PrimaryUnavailableError(f"the primary at {where} answered HTTP {status} ({text[:200]}); retried under the retry policy")
     return ValueError(f"the primary at {where} rejected the request: HTTP {status} {text[:300]}")
+
+
+def _answer(future: asyncio.Future, *, result: Any = None, exception: BaseException | None = None) -> None:
+    if future.done():
+        return
+    if exception is not None:
+        future.set_exception(exception)
+    else:
+        future.set_result(result)
+
+
+def _with_tail_request(stmts: list[Stmt], tail: Stmt) -> dict[str, Any]:
+    """One `batch` for a unit and the one statement of the deferred unit after it (see
+    `with_one_tail`): the tail runs if the unit did, and the `COMMIT` waits on the unit alone."""
+    steps = [{"stmt": stmt_json(Stmt("BEGIN IMMEDIATE"))}]
+    for i, stmt in enumerate(stmts):
+        steps.append({"stmt": stmt_json(stmt), "condition": {"type": "ok", "step": i}})
+    last = len(steps) - 1
+    steps.append({"stmt": stmt_json(tail), "condition": {"type": "ok", "step": last}})
+    steps.append({"stmt": stmt_json(Stmt("COMMIT")), "condition": {"type": "ok", "step": last}})
+    commit = len(steps) - 1
+    steps.append({"stmt": stmt_json(Stmt("ROLLBACK")), "condition": {"type": "not", "cond": {"type": "ok", "step": commit}}})
+    return {"type": "batch", "batch": {"steps": steps}}
 
 
 def _transaction_request(stmts: list[Stmt]) -> dict[str, Any]:
