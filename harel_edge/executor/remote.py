@@ -212,7 +212,7 @@ class HranaExecutor(ClosesOnce):
         self._in_flight += 1
         try:
             if paired:
-                results = await self._post([_with_tail_request(units[0].stmts, units[1].stmts[0])])
+                results = await self._post([_transaction_request(units[0].stmts, units[1].stmts[0])])
             elif grouped:
                 request, layout = grouped_batch([u.stmts for u in units])
                 results = await self._post([request])
@@ -272,7 +272,7 @@ class HranaExecutor(ClosesOnce):
                 self._start_drain()
 
     def _settle_with_tail(self, unit: _Unit, tail: _Unit, answer: dict[str, Any]) -> None:
-        """The answer of `_with_tail_request`: the unit's results or error, and the tail's (none
+        """The answer of `_transaction_request` with a tail: the unit's results or error, and the tail's (none
         when the unit failed, since it did not run)."""
         n = len(unit.stmts)
         try:
@@ -397,26 +397,17 @@ def _answer(future: asyncio.Future, *, result: Any = None, exception: BaseExcept
         future.set_result(result)
 
 
-def _with_tail_request(stmts: list[Stmt], tail: Stmt) -> dict[str, Any]:
-    """One `batch` for a unit and the one statement of the deferred unit after it (see
-    `with_one_tail`): the tail runs if the unit did, and the `COMMIT` waits on the unit alone."""
+def _transaction_request(stmts: list[Stmt], tail: Stmt | None = None) -> dict[str, Any]:
+    """One `batch`: `BEGIN IMMEDIATE`, each statement if the step before succeeded, `COMMIT`, and
+    a `ROLLBACK` that runs when the `COMMIT` did not. A `tail` (the one statement of a deferred
+    unit, see `with_one_tail`) runs after them if they did, and the `COMMIT` waits on them alone."""
     steps = [{"stmt": stmt_json(Stmt("BEGIN IMMEDIATE"))}]
     for i, stmt in enumerate(stmts):
         steps.append({"stmt": stmt_json(stmt), "condition": {"type": "ok", "step": i}})
     last = len(steps) - 1
-    steps.append({"stmt": stmt_json(tail), "condition": {"type": "ok", "step": last}})
+    if tail is not None:
+        steps.append({"stmt": stmt_json(tail), "condition": {"type": "ok", "step": last}})
     steps.append({"stmt": stmt_json(Stmt("COMMIT")), "condition": {"type": "ok", "step": last}})
-    commit = len(steps) - 1
-    steps.append({"stmt": stmt_json(Stmt("ROLLBACK")), "condition": {"type": "not", "cond": {"type": "ok", "step": commit}}})
-    return {"type": "batch", "batch": {"steps": steps}}
-
-
-def _transaction_request(stmts: list[Stmt]) -> dict[str, Any]:
-    """One `batch`: `BEGIN IMMEDIATE`, each statement if the step before succeeded, `COMMIT`,
-    and a `ROLLBACK` that runs when the `COMMIT` did not."""
-    steps = [{"stmt": stmt_json(Stmt("BEGIN IMMEDIATE"))}]
-    for i, stmt in enumerate([*stmts, Stmt("COMMIT")]):
-        steps.append({"stmt": stmt_json(stmt), "condition": {"type": "ok", "step": i}})
     commit = len(steps) - 1
     steps.append({"stmt": stmt_json(Stmt("ROLLBACK")), "condition": {"type": "not", "cond": {"type": "ok", "step": commit}}})
     return {"type": "batch", "batch": {"steps": steps}}
