@@ -195,29 +195,19 @@ class StreamConnection:
         self._executor = executor
         self._loop = loop
         self._session = executor.session()
-        self.in_transaction = False
 
     def __repr__(self) -> str:  # never the token
         return f"<StreamConnection to {self.settings.server}>"
 
     def execute(self, sql: str, params: tuple | list = ()) -> list[tuple]:
-        """Inside a transaction a statement runs only while the primary keeps it open, so what
-        follows a transaction sqld ended is refused instead of committed on its own."""
-        word = sql.lstrip()[:8].upper()
-        ends = word.startswith(("COMMIT", "END", "ROLLBACK")) and "TO" not in sql.upper().split()
-        guarded = self.in_transaction and not word.startswith("ROLLBACK")
-        unit = self._session.execute(Stmt(sql, tuple(params)), in_transaction=guarded)
-        try:
-            result = asyncio.run_coroutine_threadsafe(unit, self._loop).result()
-        except BaseException:
-            if ends:
-                self.in_transaction = False
-            raise
-        if word.startswith("BEGIN"):
-            self.in_transaction = True
-        elif ends:
-            self.in_transaction = False
-        return result.rows
+        """Once a transaction is open, a statement runs only while the primary keeps it open, so
+        what follows a transaction sqld ended is refused instead of committed on its own."""
+        unit = self._session.execute(Stmt(sql, tuple(params)))
+        return asyncio.run_coroutine_threadsafe(unit, self._loop).result().rows
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._session.in_transaction
 
     def executemany(self, sql: str, rows: Iterable[tuple | list]) -> None:
         execute_many(self, sql, rows)
@@ -232,7 +222,6 @@ class StreamConnection:
     def reopen(self) -> None:
         """A new stream (the old one, and any transaction it held, is given up)."""
         old, self._session = self._session, self._executor.session()
-        self.in_transaction = False
         asyncio.run_coroutine_threadsafe(old.aclose(), self._loop).result()
 
     async def aclose(self) -> None:

@@ -6,7 +6,12 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from harel_edge.executor import StatementError, Stmt, Value
+from harel_edge.executor import Result, StatementError, Stmt, Value
+
+STREAM_PIPELINE = "/v3/pipeline"
+# Hrana 3's batch condition: the batch's (or the stream's) transaction still runs. A statement
+# under it cannot commit on its own after the primary ended the transaction (its timeout).
+IN_TRANSACTION = {"type": "not", "cond": {"type": "is_autocommit"}}
 
 
 def statement_error(error: dict[str, Any], step: int) -> StatementError:
@@ -48,9 +53,55 @@ def decode(value: dict[str, Any]) -> Value:
     raise ValueError(f"unknown Hrana value type {kind!r}")
 
 
+def result_of(raw: dict[str, Any]) -> Result:
+    """One statement's Hrana result as the executor's `Result`."""
+    index = raw.get("replication_index")
+    rowid = raw.get("last_insert_rowid")
+    return Result(
+        rows=[tuple(decode(v) for v in row) for row in raw.get("rows", [])],
+        affected=int(raw.get("affected_row_count") or 0),
+        last_rowid=int(rowid) if rowid is not None else None,
+        replication_index=int(index) if index is not None else None,
+    )
+
+
+def unit_result(result: dict[str, Any], statements: int) -> Any:
+    """The answer to one request: a `Result` for an `execute` (`statements` 0), else the results
+    of a `transaction_request`'s statements; raises the StatementError of the one that failed."""
+    if result.get("type") != "ok":
+        raise statement_error(result.get("error") or {}, 0)
+    response = result["response"]
+    if statements == 0:
+        return result_of(response["result"])
+    batch = response["result"]
+    errors = batch.get("step_errors") or []
+    for step, error in enumerate(errors[: statements + 2]):
+        if error is not None:
+            raise statement_error(error, step - 1)
+    steps = batch["step_results"]
+    if steps[statements + 1] is None:  # the COMMIT did not run: nothing was applied
+        raise StatementError("the transaction was not committed", step=statements)
+    return [result_of(r) for r in steps[1 : statements + 1]]
+
+
+def transaction_request(stmts: list[Stmt], tail: Stmt | None = None) -> dict[str, Any]:
+    """One `batch`: `BEGIN IMMEDIATE`, each statement if the step before succeeded, `COMMIT`, and
+    a `ROLLBACK` that runs when the `COMMIT` did not. A `tail` (the one statement of a deferred
+    unit, see `with_one_tail`) runs after them if they did, and the `COMMIT` waits on them alone."""
+    steps = [{"stmt": stmt_json(Stmt("BEGIN IMMEDIATE"))}]
+    for i, stmt in enumerate(stmts):
+        steps.append({"stmt": stmt_json(stmt), "condition": {"type": "ok", "step": i}})
+    last = len(steps) - 1
+    if tail is not None:
+        steps.append({"stmt": stmt_json(tail), "condition": {"type": "ok", "step": last}})
+    steps.append({"stmt": stmt_json(Stmt("COMMIT")), "condition": {"type": "ok", "step": last}})
+    commit = len(steps) - 1
+    steps.append({"stmt": stmt_json(Stmt("ROLLBACK")), "condition": {"type": "not", "cond": {"type": "ok", "step": commit}}})
+    return {"type": "batch", "batch": {"steps": steps}}
+
+
 # ---- units of work sharing one transaction ------------------------------------------------------------
 
-_OPEN = {"type": "not", "cond": {"type": "is_autocommit"}}  # the batch's transaction still runs
 UNIT_SAVEPOINT = "harel_edge_unit"
 NOT_RUN = object()  # a unit the transaction ended before it ran: it goes again on its own
 
@@ -71,19 +122,19 @@ def grouped_batch(units: list[list[Stmt]]) -> tuple[dict[str, Any], list[tuple[i
     layout = []
     for stmts in units:
         savepoint = len(steps)
-        steps.append({"stmt": stmt_json(Stmt(f"SAVEPOINT {UNIT_SAVEPOINT}")), "condition": _OPEN})
+        steps.append({"stmt": stmt_json(Stmt(f"SAVEPOINT {UNIT_SAVEPOINT}")), "condition": IN_TRANSACTION})
         layout.append((savepoint, savepoint + 1))
         for stmt in stmts:
-            steps.append({"stmt": stmt_json(stmt), "condition": _all(_ok(len(steps) - 1), _OPEN)})
+            steps.append({"stmt": stmt_json(stmt), "condition": _all(_ok(len(steps) - 1), IN_TRANSACTION)})
         last = len(steps) - 1
-        steps.append({"stmt": stmt_json(Stmt(f"RELEASE {UNIT_SAVEPOINT}")), "condition": _all(_ok(last), _OPEN)})
+        steps.append({"stmt": stmt_json(Stmt(f"RELEASE {UNIT_SAVEPOINT}")), "condition": _all(_ok(last), IN_TRANSACTION)})
         undo = len(steps)
         failed = {"type": "not", "cond": _ok(last)}
-        steps.append({"stmt": stmt_json(Stmt(f"ROLLBACK TO {UNIT_SAVEPOINT}")), "condition": _all(failed, _ok(savepoint), _OPEN)})
+        steps.append({"stmt": stmt_json(Stmt(f"ROLLBACK TO {UNIT_SAVEPOINT}")), "condition": _all(failed, _ok(savepoint), IN_TRANSACTION)})
         steps.append({"stmt": stmt_json(Stmt(f"RELEASE {UNIT_SAVEPOINT}")), "condition": _ok(undo)})
     commit = len(steps)
-    steps.append({"stmt": stmt_json(Stmt("COMMIT")), "condition": _OPEN})
-    steps.append({"stmt": stmt_json(Stmt("ROLLBACK")), "condition": _all({"type": "not", "cond": _ok(commit)}, _OPEN)})
+    steps.append({"stmt": stmt_json(Stmt("COMMIT")), "condition": IN_TRANSACTION})
+    steps.append({"stmt": stmt_json(Stmt("ROLLBACK")), "condition": _all({"type": "not", "cond": _ok(commit)}, IN_TRANSACTION)})
     return {"type": "batch", "batch": {"steps": steps}}, layout
 
 

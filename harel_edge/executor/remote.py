@@ -6,7 +6,6 @@ Each exchange is one Hrana request on a stream closed in the same exchange (docs
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import urllib.request
 from collections.abc import Callable
@@ -30,21 +29,21 @@ from harel_edge.executor import (
 )
 from harel_edge.executor.hrana import (
     NOT_RUN,
-    decode,
+    STREAM_PIPELINE,
     grouped_batch,
     grouped_outcomes,
+    result_of,
     statement_error,
     stmt_json,
+    transaction_request,
+    unit_result,
 )
+from harel_edge.executor.stream import HranaSession
 from harel_edge.redaction import scrub
 from harel_edge.settings import EdgeSettings
 
 log = structlog.get_logger("harel_edge.executor.remote")
 
-# Hrana 3: its batch condition `is_autocommit` lets a statement of a session refuse to run once
-# the primary has ended the stream's transaction (sqld's transaction timeout).
-STREAM_PIPELINE = "/v3/pipeline"
-_IN_TRANSACTION = {"type": "not", "cond": {"type": "is_autocommit"}}
 # A pipeline of many commits is still small (a few KB a unit); sqld answers it in milliseconds.
 # `sock_read` bounds how long a unit may wait for an answer that never comes; `connect` includes
 # the wait for a free connection of the pool, `sock_connect` the TCP (and TLS) handshake alone.
@@ -125,7 +124,7 @@ class HranaExecutor(ClosesOnce):
     async def transaction(self, stmts: list[Stmt]) -> list[Result]:
         if not stmts:
             return []
-        return await self._submit(_transaction_request(stmts), len(stmts), stmts)
+        return await self._submit(transaction_request(stmts), len(stmts), stmts)
 
     def deferred(self, build: Callable[[], list[Stmt]]) -> asyncio.Future:
         return self._submit({}, 0, [], build=build)
@@ -196,7 +195,7 @@ class HranaExecutor(ClosesOnce):
                 cancelled = True
             units = self._queue[: self._max_units]
             del self._queue[: len(units)]
-            units = built(units, _transaction_request)
+            units = built(units, transaction_request)
             if not units:
                 self._slots.release()
                 continue
@@ -212,12 +211,12 @@ class HranaExecutor(ClosesOnce):
         self._in_flight += 1
         try:
             if paired:
-                results = await self._post([_transaction_request(units[0].stmts, units[1].stmts[0])])
+                results = await self.post([transaction_request(units[0].stmts, units[1].stmts[0])])
             elif grouped:
                 request, layout = grouped_batch([u.stmts for u in units])
-                results = await self._post([request])
+                results = await self.post([request])
             else:
-                results = await self._post([u.request for u in units])
+                results = await self.post([u.request for u in units])
         except BaseException as exc:
             error = exc if isinstance(exc, Exception) else PrimaryUnavailableError(
                 f"the request to the primary at {self.where} was cancelled in flight; its outcome "
@@ -242,7 +241,7 @@ class HranaExecutor(ClosesOnce):
             if unit.future.done():
                 continue
             try:
-                unit.future.set_result(self._unit_result(result, unit.statements))
+                unit.future.set_result(unit_result(result, unit.statements))
             except Exception as exc:  # noqa: BLE001 - handed to the unit's caller
                 unit.future.set_exception(exc)
 
@@ -264,7 +263,7 @@ class HranaExecutor(ClosesOnce):
             elif isinstance(outcome, Exception):
                 unit.future.set_exception(outcome)
             else:
-                results = [self._result(raw) for raw in outcome]
+                results = [result_of(raw) for raw in outcome]
                 unit.future.set_result(results[0] if unit.statements == 0 else results)
         if again:
             self._queue[:0] = again
@@ -272,7 +271,7 @@ class HranaExecutor(ClosesOnce):
                 self._start_drain()
 
     def _settle_with_tail(self, unit: _Unit, tail: _Unit, answer: dict[str, Any]) -> None:
-        """The answer of `_transaction_request` with a tail: the unit's results or error, and the tail's (none
+        """The answer of `transaction_request` with a tail: the unit's results or error, and the tail's (none
         when the unit failed, since it did not run)."""
         n = len(unit.stmts)
         try:
@@ -285,7 +284,7 @@ class HranaExecutor(ClosesOnce):
                     raise statement_error(error, step - 1)
             if steps[n + 2] is None:  # the COMMIT did not run: nothing was applied
                 raise StatementError("the transaction was not committed", step=n)
-            results = [self._result(raw) for raw in steps[1 : n + 1]]
+            results = [result_of(raw) for raw in steps[1 : n + 1]]
         except Exception as exc:  # noqa: BLE001 - handed to the unit's caller
             _answer(unit.future, exception=exc)
             _answer(tail.future, result=[])
@@ -295,7 +294,7 @@ class HranaExecutor(ClosesOnce):
         if error is not None:
             _answer(tail.future, exception=statement_error(error, 0))
         else:
-            _answer(tail.future, result=[self._result(steps[n + 1])] if steps[n + 1] is not None else [])
+            _answer(tail.future, result=[result_of(steps[n + 1])] if steps[n + 1] is not None else [])
 
     def session(self) -> HranaSession:
         """A stream of its own on the primary, for work that holds a transaction across round
@@ -304,7 +303,7 @@ class HranaExecutor(ClosesOnce):
             raise ExecutorClosedError(f"{self!r} was closed: open a new store to go on")
         return HranaSession(self)
 
-    async def _post(
+    async def post(
         self, requests: list[dict[str, Any]], *, stream: HranaSession | None = None
     ) -> list[dict[str, Any]]:
         """One HTTP exchange; raises what a caller's retry policy can classify. Without a
@@ -346,35 +345,6 @@ class HranaExecutor(ClosesOnce):
             ) from None
         return results[: len(requests)]
 
-    def _unit_result(self, result: dict[str, Any], statements: int) -> Any:
-        if result.get("type") != "ok":
-            error = result.get("error") or {}
-            raise statement_error(error, 0)
-        response = result["response"]
-        if statements == 0:
-            return self._result(response["result"])
-        batch = response["result"]
-        errors = batch.get("step_errors") or []
-        for step, error in enumerate(errors[: statements + 2]):
-            if error is not None:
-                raise statement_error(error, step - 1)
-        steps = batch["step_results"]
-        if steps[statements + 1] is None:  # the COMMIT did not run: nothing was applied
-            raise StatementError("the transaction was not committed", step=statements)
-        return [self._result(r) for r in steps[1 : statements + 1]]
-
-    def _result(self, raw: dict[str, Any]) -> Result:
-        index = raw.get("replication_index")
-        if index is not None:
-            index = int(index)
-        rowid = raw.get("last_insert_rowid")
-        return Result(
-            rows=[tuple(decode(v) for v in row) for row in raw.get("rows", [])],
-            affected=int(raw.get("affected_row_count") or 0),
-            last_rowid=int(rowid) if rowid is not None else None,
-            replication_index=index,
-        )
-
 
 def _status_error(where: str, status: int, text: str) -> Exception:
     """What an HTTP answer other than 200 means to the caller's retry policy."""
@@ -395,71 +365,3 @@ def _answer(future: asyncio.Future, *, result: Any = None, exception: BaseExcept
         future.set_exception(exception)
     else:
         future.set_result(result)
-
-
-def _transaction_request(stmts: list[Stmt], tail: Stmt | None = None) -> dict[str, Any]:
-    """One `batch`: `BEGIN IMMEDIATE`, each statement if the step before succeeded, `COMMIT`, and
-    a `ROLLBACK` that runs when the `COMMIT` did not. A `tail` (the one statement of a deferred
-    unit, see `with_one_tail`) runs after them if they did, and the `COMMIT` waits on them alone."""
-    steps = [{"stmt": stmt_json(Stmt("BEGIN IMMEDIATE"))}]
-    for i, stmt in enumerate(stmts):
-        steps.append({"stmt": stmt_json(stmt), "condition": {"type": "ok", "step": i}})
-    last = len(steps) - 1
-    if tail is not None:
-        steps.append({"stmt": stmt_json(tail), "condition": {"type": "ok", "step": last}})
-    steps.append({"stmt": stmt_json(Stmt("COMMIT")), "condition": {"type": "ok", "step": last}})
-    commit = len(steps) - 1
-    steps.append({"stmt": stmt_json(Stmt("ROLLBACK")), "condition": {"type": "not", "cond": {"type": "ok", "step": commit}}})
-    return {"type": "batch", "batch": {"steps": steps}}
-
-
-class HranaSession:
-    """One Hrana stream: statements run in order on one connection of the primary, so a
-    transaction can span several requests. Closing the stream rolls back what it left open."""
-
-    def __init__(self, executor: HranaExecutor) -> None:
-        self._executor = executor
-        self.url = STREAM_PIPELINE
-        self.baton: str | None = None
-        self.closed = False
-
-    def follow(self, baton: str | None, base_url: str | None) -> None:
-        """Take the next request's baton (and address, when the primary moves the stream)."""
-        self.baton = baton
-        if base_url:
-            self.url = base_url.rstrip("/") + STREAM_PIPELINE
-
-    async def execute(self, stmt: Stmt, *, in_transaction: bool = False) -> Result:
-        """One statement; `in_transaction` runs it only while the stream's transaction is still
-        open, so nothing of a transaction the primary ended can commit on its own."""
-        if self.closed:
-            raise ExecutorClosedError("this Hrana stream was closed")
-        if not in_transaction:
-            [result] = await self._executor._post([{"type": "execute", "stmt": stmt_json(stmt)}], stream=self)
-            return self._executor._unit_result(result, 0)
-        step = {"stmt": stmt_json(stmt), "condition": _IN_TRANSACTION}
-        [result] = await self._executor._post([{"type": "batch", "batch": {"steps": [step]}}], stream=self)
-        if result.get("type") != "ok":
-            raise statement_error(result.get("error") or {}, 0)
-        batch = result["response"]["result"]
-        error = (batch.get("step_errors") or [None])[0]
-        if error is not None:
-            raise statement_error(error, 0)
-        raw = (batch.get("step_results") or [None])[0]
-        if raw is None:
-            raise StatementError(
-                "the primary ended this transaction before this statement (transaction timed out: it "
-                "held the write lock while another writer waited); nothing of it was committed",
-                code="TRANSACTION_TIMEOUT",
-            )
-        return self._executor._result(raw)
-
-    async def aclose(self) -> None:
-        """End the stream; best effort, since an unreachable primary drops it by itself."""
-        if self.closed:
-            return
-        self.closed = True
-        if self.baton is None:
-            return
-        with contextlib.suppress(Exception):
-            await self._executor._post([{"type": "close"}], stream=self)

@@ -23,6 +23,7 @@ from harel_edge.executor import StatementError, Stmt
 from harel_edge.queue import statements as sql
 from harel_edge.queue.dead_letters import DeadLetters
 from harel_edge.queue.leases import Clock, EventPath, LeaseKey
+from harel_edge.queue.settling import Settling
 from harel_edge.queue.statements import Message
 
 log = structlog.get_logger("harel_edge.transport")
@@ -40,7 +41,7 @@ class _TailClaim:
     limited: bool = False
 
 
-class EventTransport(DeadLetters):
+class EventTransport(Settling, DeadLetters):
     """harel's async transport over an `EventPath`, with `claim_many` behind `claim`.
 
     `prefetch` and `max_deliveries`: docs/executor.md ("The event path") and docs/operations.md.
@@ -182,11 +183,14 @@ class EventTransport(DeadLetters):
             leases, buried = await self._claim_once(worker_id, visibility, n, min_priority, keys, with_execution)
             if leases or not buried:
                 break  # when every message claimed was buried, the next heads may be deliverable
+        self._count_claims(leases)
+        return leases
+
+    def _count_claims(self, leases: list[Lease]) -> None:
         if leases:
             observability.CLAIMS.inc(len(leases))
             if self._report is not None:
                 self._report.claims += len(leases)
-        return leases
 
     async def _claim_once(
         self, worker_id: str, visibility: float, n: int, min_priority: int, keys: tuple, with_execution: bool
@@ -284,12 +288,9 @@ class EventTransport(DeadLetters):
                 log.info("looking up a claim whose answer was lost", error=str(exc)[:200])
                 lookup = sql.leased_sql(self.path.queue, self._returning(True, after_trigger=True))
                 rows = (await self.path.run("claim", lambda: self.path.execute(lookup, tail.token))).rows
-            leases, _ = await self._take(rows, tail.token, True) if rows else ([], 0)
-            if leases:
-                observability.CLAIMS.inc(len(leases))
-                if self._report is not None:
-                    self._report.claims += len(leases)
-                await self._stash(leases, tail.wanted)
+            leases, _ = await self._take(rows, tail.token, True)
+            self._count_claims(leases)
+            await self._stash(leases, tail.wanted)
         except Exception as exc:  # noqa: BLE001 - the commits that carried it went through; its leases lapse
             log.warning("a claim carried by a commit was lost; its leases lapse", error=str(exc)[:200])
         finally:
@@ -317,108 +318,6 @@ class EventTransport(DeadLetters):
     def _returning(self, with_execution: bool, *, after_trigger: bool = False) -> str:
         s = self.path.store
         return sql.claim_returning(s.executions, s.processed_events, with_execution, after_trigger=after_trigger)
-
-    # ---- ack / nack ------------------------------------------------------------------------------
-
-    async def ack(self, lease: Lease) -> bool:
-        """Remove the delivered message, freeing its group. False (and a log line) when the lease
-        was lost: it lapsed and another worker holds the message now, which keeps it."""
-        key = (lease.seq, lease.token)
-        if key in self.path.acked_by_commit:
-            done = self.path.acked_by_commit.pop(key)
-        else:
-            statement = sql.ack_statement(self.path.queue, lease)
-
-            async def attempt() -> bool:
-                return bool((await self.path.executor.execute(statement)).rows)
-
-            done = await self.path.run("ack", attempt, lambda: self._settled(lease, done_if_gone=True))
-        self._finish([lease], [done], "ack")
-        return done
-
-    async def ack_many(self, leases: Sequence[Lease]) -> list[bool]:
-        """Ack several leases as one unit of work; each answer as `ack` gives it."""
-        q = self.path.queue
-        if not leases:
-            return []
-        if all(lease.token for lease in leases):
-            # One statement for the lot: libsql prepares each statement anew, so one DELETE of
-            # n fenced rows costs far less than n DELETEs.
-            rows = sql.ACK_ROWS
-            chunks = [sql.ack_many_statement(q, leases[i : i + rows]) for i in range(0, len(leases), rows)]
-
-            async def attempt() -> list[bool]:
-                if len(chunks) == 1:
-                    results = [await self.path.executor.execute(chunks[0])]
-                else:
-                    results = await self.path.executor.transaction(chunks)
-                return sql.acked(leases, {(row[0], row[1]) for result in results for row in result.rows})
-
-        else:
-            stmts = [sql.ack_statement(q, lease) for lease in leases]
-
-            async def attempt() -> list[bool]:
-                return [bool(r.rows) for r in await self.path.executor.transaction(stmts)]
-
-        async def resolve() -> list[bool]:
-            return [bool(await self._settled(lease, done_if_gone=True)) for lease in leases]
-
-        done = await self.path.run("ack", attempt, resolve)
-        self._finish(leases, done, "ack")
-        return done
-
-    async def nack(self, lease: Lease, delay: float = 0.0) -> bool:
-        """Give the message back: claimable at once (`delay=0`), or parked for `delay` seconds,
-        during which its group stays blocked. A give-back after `failed` counts as a failed
-        delivery; any other does not. False when the lease was already lost."""
-        if delay < 0:
-            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
-        self.path.acked_by_commit.pop((lease.seq, lease.token), None)
-        error = self.path.failures.pop((lease.seq, lease.token), None)
-        statement = sql.nack_statement(self.path.queue, lease, delay, self.path.now(), error)
-
-        async def attempt() -> bool:
-            return bool((await self.path.executor.execute(statement)).rows)
-
-        done = await self.path.run("nack", attempt, lambda: self._settled(lease, done_if_gone=False))
-        self._finish([lease], [done], "nack")
-        return done
-
-    async def _settled(self, lease: Lease, *, done_if_gone: bool) -> bool | None:
-        """After an ambiguous ack or nack: None if the row still carries this lease's token (try
-        again), else whether the write landed (docs/transport.md, "Ambiguous writes")."""
-        rows = (await self.path.execute(sql.lock_of_sql(self.path.queue), lease.seq)).rows
-        if not rows:
-            return done_if_gone
-        if lease.token and rows[0][0] == lease.token:
-            return None
-        return not done_if_gone
-
-    def _finish(self, leases: Sequence[Lease], done: Sequence[bool], operation: str) -> None:
-        """Forget the leases settled and count them, once for the lot (a lost one is logged)."""
-        settled = 0
-        for lease, one in zip(leases, done, strict=True):
-            self.path.release(lease)
-            if one:
-                settled += 1
-                if self._groups is not None and operation == "ack":
-                    self._groups[lease.group_id] += 1
-                continue
-            observability.record_lost_lease(operation)
-            log.warning("lost lease", operation=operation, group_id=lease.group_id, seq=lease.seq)
-            if self._report is not None:
-                self._report.lost += 1
-        if not settled:
-            return
-        if operation == "ack":
-            observability.ACKS.inc(settled)
-            observability.EVENTS_HANDLED.inc(settled)
-            if self._report is not None:
-                self._report.acks += settled
-        else:
-            observability.NACKS.inc(settled)
-            if self._report is not None:
-                self._report.nacks += settled
 
     # ---- inspection and shutdown -----------------------------------------------------------------
 

@@ -224,9 +224,9 @@ def test_an_aclose_cancelled_while_it_waits_still_closes_and_a_second_aclose_wai
     assert asyncio.run(scenario()) == (True, True), "the executor and its HTTP client were closed"
 
 
-def held_until_told(connection, table: str, inside: str, proceed: str) -> list[str]:
+def held_until_told(connection, table: str, inside: str, proceed: str, begin: str, end: str) -> list[str]:
     """A transaction that holds the write lock until told, then tries to go on and commit."""
-    connection.execute("BEGIN IMMEDIATE")
+    connection.execute(begin)
     connection.execute(f"INSERT INTO {table} (v) VALUES ('a')")
     Path(inside).touch()
     while not Path(proceed).exists():
@@ -234,7 +234,7 @@ def held_until_told(connection, table: str, inside: str, proceed: str) -> list[s
     outcomes = []
     # The first statement learns that sqld ended the transaction; an effect that swallows that
     # error and goes on must not get its next statement committed on its own.
-    for sql in (f"INSERT INTO {table} (v) VALUES ('b')", f"INSERT INTO {table} (v) VALUES ('c')", "COMMIT"):
+    for sql in (f"INSERT INTO {table} (v) VALUES ('b')", f"INSERT INTO {table} (v) VALUES ('c')", end):
         try:
             connection.execute(sql)
             outcomes.append("ran")
@@ -243,7 +243,11 @@ def held_until_told(connection, table: str, inside: str, proceed: str) -> list[s
     return outcomes
 
 
-def test_after_sqld_ends_a_transaction_that_held_the_lock_too_long_nothing_of_it_commits(sqld_primary, tmp_path) -> None:
+# The stream learns that a transaction is open from the primary, whatever statement opened it.
+@pytest.mark.parametrize(("begin", "end"), [("BEGIN IMMEDIATE", "COMMIT"), ("  savepoint outer", "RELEASE outer")])
+def test_after_sqld_ends_a_transaction_that_held_the_lock_too_long_nothing_of_it_commits(
+    sqld_primary, tmp_path, begin: str, end: str
+) -> None:
     table = table_name()
     inside, proceed = str(tmp_path / "inside"), str(tmp_path / "proceed")
 
@@ -251,7 +255,7 @@ def test_after_sqld_ends_a_transaction_that_held_the_lock_too_long_nothing_of_it
         database = connect(sqld(sqld_primary))
         try:
             await database.run(create_table, table)
-            holder = asyncio.create_task(database.run(held_until_told, table, inside, proceed))
+            holder = asyncio.create_task(database.run(held_until_told, table, inside, proceed, begin, end))
             await until(lambda: Path(inside).exists(), "the transaction to hold the write lock")
             # Another writer waits for the lock; sqld ends the holder's transaction after its
             # timeout (about 5 s) and lets this write in.

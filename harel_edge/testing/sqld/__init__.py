@@ -204,20 +204,9 @@ def start_sqld_primary(
     `SqldUnavailable` if sqld cannot run here, `SqldStartError` if not ready in time (docs/testing.md).
     """
     return _launch(
-        role="primary",
-        backend=backend,
-        image=image,
-        binary=binary,
-        auth=auth,
-        keys=keys,
-        key_format=key_format,
-        work_dir=work_dir,
-        http_port=http_port,
-        grpc_port=grpc_port,
-        port_range=port_range,
-        primary=None,
-        extra_args=list(extra_args),
-        startup_timeout=startup_timeout,
+        role="primary", backend=backend, image=image, binary=binary, auth=auth, keys=keys, key_format=key_format,
+        work_dir=work_dir, http_port=http_port, grpc_port=grpc_port, port_range=port_range, primary=None,
+        extra_args=list(extra_args), startup_timeout=startup_timeout,
     )
 
 
@@ -238,18 +227,8 @@ def start_sqld_replica_node(
     It shares the primary's key and forwards writes to it; its `grpc_url` is None (docs/testing.md).
     """
     return _launch(
-        role="replica",
-        backend=backend or primary.backend,
-        image=image,
-        binary=binary,
-        auth=primary.keys is not None,
-        keys=primary.keys,
-        key_format="pem",
-        work_dir=work_dir,
-        http_port=http_port,
-        grpc_port=None,
-        port_range=port_range,
-        primary=primary,
-        extra_args=list(extra_args),
-        startup_timeout=startup_timeout,
+        role="replica", backend=backend or primary.backend, image=image, binary=binary,
+        auth=primary.keys is not None, keys=primary.keys, key_format="pem", work_dir=work_dir,
+        http_port=http_port, grpc_port=None, port_range=port_range, primary=primary,
+        extra_args=list(extra_args), startup_timeout=startup_timeout,
     )
