@@ -109,8 +109,9 @@ DELIVERED = "SELECT count(*) FROM {p}_executions WHERE json_extract(data, '$.sta
 
 
 async def run_edge(settings, direct, orders: int, timeout: float) -> dict:
-    """`direct`: settings that reach the data without the proxy, for the watcher's polls."""
-    seed_edge(settings, orders)
+    """`direct`: settings that reach the data without the proxy, for seeding and the watcher's
+    polls (seeding one execution at a time through a 100 ms proxy would take minutes)."""
+    seed_edge(direct, orders)
     watcher = open_executor(direct)
     probe = Probe(orders * len(STEPS))
     done, stop = asyncio.Event(), asyncio.Event()

@@ -18,6 +18,7 @@ from harel_edge.window import InFlightWindow
 
 log = structlog.get_logger("harel_edge.worker")
 
+LAUNCH_SLICE = 8  # events started before the loop gets a turn (each runs its transition at once)
 IDLE_MAX = 0.5  # the longest pause between claims of an idle worker: a new event waits at most this
 
 
@@ -55,7 +56,7 @@ class EdgeAsyncWorker(AsyncWorker):
             observability.record_window(self.window)
 
         self.transport.concurrency = self.window.size
-        idle = idle_sleep
+        idle, launched = idle_sleep, 0
         while not stop.is_set():
             if len(pending) >= self.window.size:
                 await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -76,6 +77,11 @@ class EdgeAsyncWorker(AsyncWorker):
             task = asyncio.create_task(run_one(lease))
             pending.add(task)
             task.add_done_callback(pending.discard)
+            launched += 1
+            if launched % LAUNCH_SLICE == 0:
+                # A claim hands out many leases without waiting: started all at once, their
+                # transitions would run in one turn of the loop and stall it for all of them.
+                await asyncio.sleep(0)
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,7 +91,7 @@ class HranaExecutor(ClosesOnce):
         self,
         settings: EdgeSettings,
         *,
-        max_requests: int = 2,
+        max_requests: int | None = None,
         max_units: int = 128,
         linger: float | None = None,
     ) -> None:
@@ -101,12 +102,14 @@ class HranaExecutor(ClosesOnce):
         token = settings.auth_token.get_secret_value().strip() if settings.auth_token else ""
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._base_url = http_base_url(server)
-        self._max_requests = max_requests
+        # Enough exchanges in flight to carry the widest window (a far primary needs all of it
+        # on the wire at once), and at least two, so one exchange never waits for another.
+        self._max_requests = max_requests or max(2, math.ceil(settings.max_in_flight / max_units))
         self._proxy = environment_proxy(self._base_url)
         self._client: aiohttp.ClientSession | None = None  # opened on the loop, at the first exchange
         self._max_units = max_units
         self._linger = settings.commit_linger if linger is None else linger
-        self._slots = asyncio.Semaphore(max_requests)
+        self._slots = asyncio.Semaphore(self._max_requests)
         self._queue: list[_Unit] = []
         self._draining = False
         self._drain_task: asyncio.Task | None = None

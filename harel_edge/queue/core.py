@@ -242,9 +242,11 @@ class EventTransport(Settling, DeadLetters):
         """A commit that acks one of this transport's leases is about to be queued: the commit or
         exchange that carries it also carries one claim, after it, for every slot the commits in
         it free (one claim statement for them all: its cost is its own, not its rows'). Returns
-        the claim's task, for the commit to wait on, or None when the buffer or the claims say no.
+        the claim's task, for the commit to wait on, or None before the first claim. Leases still
+        buffered do not hold it back (they count against the window as held): on a far primary,
+        a claim that waited for the buffer to empty would leave the link idle for a round trip.
         The commit calls `commit_ended` once it is over, whatever became of it."""
-        if self._wanted is None or self._buffer:
+        if self._wanted is None:
             return None
         self._freeing += 1  # the slot the commit's ack frees
         if self._tail is None:
@@ -261,7 +263,7 @@ class EventTransport(Settling, DeadLetters):
         """The claim, made as its commit or exchange is put together: the free slots then."""
         self._tail = None
         free = self.concurrency - len(self.path.held) - self._claiming + self._freeing
-        if free < 1 or self._wanted is None or self._buffer:
+        if free < 1 or self._wanted is None:
             return []
         self._claiming += free
         tail.free, tail.wanted = free, self._wanted
