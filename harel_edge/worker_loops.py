@@ -18,7 +18,6 @@ from harel_edge.window import InFlightWindow
 
 log = structlog.get_logger("harel_edge.worker")
 
-LAUNCH_SLICE = 8  # events started before the loop gets a turn (each runs its transition at once)
 IDLE_MAX = 0.5  # the longest pause between claims of an idle worker: a new event waits at most this
 
 
@@ -28,8 +27,10 @@ class EdgeAsyncWorker(AsyncWorker):
     raised (the nack then records the error and counts the delivery for dead-lettering);
     `handling` holds the tasks handling a message, which a stop waits for."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, launch_slice: int | None = None, **kwargs: Any) -> None:
+        """`launch_slice`: events a claim brought to start before the loop gets a turn (None: all)."""
         super().__init__(*args, **kwargs)
+        self.launch_slice = launch_slice
         self.handling: set[asyncio.Task] = set()
         self.window = InFlightWindow(self.concurrency, visibility=self.visibility)
 
@@ -78,9 +79,7 @@ class EdgeAsyncWorker(AsyncWorker):
             pending.add(task)
             task.add_done_callback(pending.discard)
             launched += 1
-            if launched % LAUNCH_SLICE == 0:
-                # A claim hands out many leases without waiting: started all at once, their
-                # transitions would run in one turn of the loop and stall it for all of them.
+            if self.launch_slice and launched % self.launch_slice == 0:
                 await asyncio.sleep(0)
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)

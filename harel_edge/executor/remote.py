@@ -102,9 +102,9 @@ class HranaExecutor(ClosesOnce):
         token = settings.auth_token.get_secret_value().strip() if settings.auth_token else ""
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._base_url = http_base_url(server)
-        # Enough exchanges in flight to carry the widest window (a far primary needs all of it
-        # on the wire at once), and at least two, so one exchange never waits for another.
-        self._max_requests = max_requests or max(2, math.ceil(settings.max_in_flight / max_units))
+        # Enough exchanges in flight to carry the widest window twice over (a far primary needs all
+        # of it on the wire at once, and exchanges leave part full), and at least two.
+        self._max_requests = max_requests or max(2, math.ceil(2 * settings.max_in_flight / max_units))
         self._proxy = environment_proxy(self._base_url)
         self._client: aiohttp.ClientSession | None = None  # opened on the loop, at the first exchange
         self._max_units = max_units

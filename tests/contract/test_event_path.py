@@ -260,3 +260,25 @@ def test_commits_in_flight_together_claim_no_more_than_the_slots_they_free(edge)
             assert transport.buffered == 3
 
     asyncio.run(main())
+
+
+def test_a_commit_carries_the_claim_of_the_slot_it_frees_while_leases_still_wait_in_the_buffer(edge):
+    """Far from the primary, a claim that waited for the buffer to empty would idle the link."""
+
+    async def main():
+        async with event_path(edge.settings(), concurrency=4) as (plain, store):
+            transport = EventTransport(plain.path, concurrency=4, prefetch=True)
+            transport.path.claimer = transport
+            for group in "abcdefgh":
+                await store.save(Execution(id=group, definition_id="d"))
+                await transport.publish(group, Event(kind="one"))
+            lease = await transport.claim("w", 30)
+            assert transport.buffered == 3 and len(transport.held) == 4
+            exe, _ = await store.load_for_event(lease.group_id, lease.event.id)
+            await store.commit(exe, [], processed_event_id=lease.event.id)
+            assert await transport.ack(lease) is True
+            assert transport.buffered == 4, "the commit's claim took the slot its ack freed"
+            assert len(transport.held) == 4
+            assert await transport.depth() == 7
+
+    asyncio.run(main())
