@@ -238,24 +238,31 @@ def test_the_workers_commit_of_each_event_carries_the_next_claim_so_each_event_c
     asyncio.run(main())
 
 
+async def claiming_transport(plain, store, concurrency: int, kinds: tuple[str, ...]) -> EventTransport:
+    """A prefetching transport whose commits carry claims, over eight groups of `kinds` each."""
+    transport = EventTransport(plain.path, concurrency=concurrency, prefetch=True)
+    transport.path.claimer = transport
+    for group in "abcdefgh":
+        await store.save(Execution(id=group, definition_id="d"))
+        for kind in kinds:
+            await transport.publish(group, Event(kind=kind))
+    return transport
+
+
+async def finish(transport: EventTransport, store, lease) -> None:
+    """What the worker does with a lease: commit its execution with the event processed, ack it."""
+    exe, _ = await store.load_for_event(lease.group_id, lease.event.id)
+    await store.commit(exe, [], processed_event_id=lease.event.id)
+    assert await transport.ack(lease) is True
+
+
 def test_commits_in_flight_together_claim_no_more_than_the_slots_they_free(edge):
     async def main():
         async with event_path(edge.settings(), concurrency=3) as (plain, store):
-            transport = EventTransport(plain.path, concurrency=3, prefetch=True)
-            transport.path.claimer = transport
-            for group in "abcdefgh":
-                await store.save(Execution(id=group, definition_id="d"))
-                await transport.publish(group, Event(kind="one"))
-                await transport.publish(group, Event(kind="two"))
+            transport = await claiming_transport(plain, store, 3, ("one", "two"))
             leases = [await transport.claim("w", 30) for _ in range(3)]
             assert transport.buffered == 0 and len(transport.held) == 3
-
-            async def finish(lease):
-                exe, _ = await store.load_for_event(lease.group_id, lease.event.id)
-                await store.commit(exe, [], processed_event_id=lease.event.id)
-                assert await transport.ack(lease) is True
-
-            await asyncio.gather(*(finish(lease) for lease in leases))
+            await asyncio.gather(*(finish(transport, store, lease) for lease in leases))
             assert len(transport.held) == 3, "three acks freed three slots, and the claims took three"
             assert transport.buffered == 3
 
@@ -267,16 +274,10 @@ def test_a_commit_carries_the_claim_of_the_slot_it_frees_while_leases_still_wait
 
     async def main():
         async with event_path(edge.settings(), concurrency=4) as (plain, store):
-            transport = EventTransport(plain.path, concurrency=4, prefetch=True)
-            transport.path.claimer = transport
-            for group in "abcdefgh":
-                await store.save(Execution(id=group, definition_id="d"))
-                await transport.publish(group, Event(kind="one"))
+            transport = await claiming_transport(plain, store, 4, ("one",))
             lease = await transport.claim("w", 30)
             assert transport.buffered == 3 and len(transport.held) == 4
-            exe, _ = await store.load_for_event(lease.group_id, lease.event.id)
-            await store.commit(exe, [], processed_event_id=lease.event.id)
-            assert await transport.ack(lease) is True
+            await finish(transport, store, lease)
             assert transport.buffered == 4, "the commit's claim took the slot its ack freed"
             assert len(transport.held) == 4
             assert await transport.depth() == 7
