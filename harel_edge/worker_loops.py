@@ -54,6 +54,7 @@ class EdgeAsyncWorker(AsyncWorker):
                                 group_id=lease.group_id, error=f"{type(exc).__name__}: {str(exc)[:200]}")
             self.window.settled(time.monotonic() - began, len(pending))
             self.transport.concurrency = self.window.size
+            self.transport.path.executor.make_room(self.window.size)
             observability.record_window(self.window)
 
         self.transport.concurrency = self.window.size

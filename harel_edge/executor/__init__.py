@@ -87,6 +87,10 @@ class Executor(Protocol):
         that carries it is put together, run after every other unit in it; the future's result
         is its statements' results, or [] when `build` made none (then nothing is sent)."""
 
+    def make_room(self, events: int) -> None:
+        """A worker keeps `events` in flight: a primary's executor keeps enough exchanges in
+        flight to carry them (never fewer than before); a local file needs nothing."""
+
     async def aclose(self) -> None:
         """Send what is queued, then release connections."""
 

@@ -101,6 +101,9 @@ class LocalExecutor(ClosesOnce):
             return []
         return await self._submit(list(stmts), single=False)
 
+    def make_room(self, events: int) -> None:
+        """Nothing to do: units queued while a commit runs share the next one, however many."""
+
     def deferred(self, build: Callable[[], list[Stmt]]) -> asyncio.Future:
         """Volatile alone: what defers its statements is a claim (a lease), as `claim_many`'s are."""
         return self._submit([], single=False, volatile=True, build=build)

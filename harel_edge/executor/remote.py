@@ -60,6 +60,11 @@ def http_base_url(url: str) -> str:
     return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
 
 
+def exchanges_for(events: int, units: int) -> int:
+    """Exchanges in flight that carry a window of `events` twice over, `units` a request; at least 2."""
+    return max(2, math.ceil(2 * events / units))
+
+
 def environment_proxy(url: str) -> str | None:
     """The proxy that HTTP_PROXY / HTTPS_PROXY / NO_PROXY name for `url`, if any."""
     parts = urlsplit(url)
@@ -102,9 +107,11 @@ class HranaExecutor(ClosesOnce):
         token = settings.auth_token.get_secret_value().strip() if settings.auth_token else ""
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._base_url = http_base_url(server)
-        # Enough exchanges in flight to carry the widest window twice over (a far primary needs all
-        # of it on the wire at once, and exchanges leave part full), and at least two.
-        self._max_requests = max_requests or max(2, math.ceil(2 * settings.max_in_flight / max_units))
+        # Exchanges in flight: 2 until a worker's window asks for more (`make_room`), up to enough
+        # to carry the widest window twice over (a far primary needs all of it on the wire at
+        # once, and exchanges leave part full).
+        self._max_requests = max_requests or 2
+        self._most_requests = max(self._max_requests, exchanges_for(settings.max_in_flight, max_units))
         self._proxy = environment_proxy(self._base_url)
         self._client: aiohttp.ClientSession | None = None  # opened on the loop, at the first exchange
         self._max_units = max_units
@@ -132,6 +139,12 @@ class HranaExecutor(ClosesOnce):
     def deferred(self, build: Callable[[], list[Stmt]]) -> asyncio.Future:
         return self._submit({}, 0, [], build=build)
 
+    def make_room(self, events: int) -> None:
+        wanted = min(exchanges_for(events, self._max_units), self._most_requests)
+        while self._max_requests < wanted:
+            self._max_requests += 1
+            self._slots.release()
+
     async def _close(self) -> None:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
@@ -145,7 +158,7 @@ class HranaExecutor(ClosesOnce):
             self._client = aiohttp.ClientSession(
                 headers=self._headers,
                 timeout=TIMEOUT,
-                connector=aiohttp.TCPConnector(limit=self._max_requests),
+                connector=aiohttp.TCPConnector(limit=self._most_requests),
             )
         return self._client
 
