@@ -90,13 +90,13 @@ def transaction_request(stmts: list[Stmt], tail: Stmt | None = None) -> dict[str
     unit, see `with_one_tail`) runs after them if they did, and the `COMMIT` waits on them alone."""
     steps = [{"stmt": stmt_json(Stmt("BEGIN IMMEDIATE"))}]
     for i, stmt in enumerate(stmts):
-        steps.append({"stmt": stmt_json(stmt), "condition": {"type": "ok", "step": i}})
+        steps.append({"stmt": stmt_json(stmt), "condition": _ok(i)})
     last = len(steps) - 1
     if tail is not None:
-        steps.append({"stmt": stmt_json(tail), "condition": {"type": "ok", "step": last}})
-    steps.append({"stmt": stmt_json(Stmt("COMMIT")), "condition": {"type": "ok", "step": last}})
+        steps.append({"stmt": stmt_json(tail), "condition": _ok(last)})
+    steps.append({"stmt": stmt_json(Stmt("COMMIT")), "condition": _ok(last)})
     commit = len(steps) - 1
-    steps.append({"stmt": stmt_json(Stmt("ROLLBACK")), "condition": {"type": "not", "cond": {"type": "ok", "step": commit}}})
+    steps.append({"stmt": stmt_json(Stmt("ROLLBACK")), "condition": {"type": "not", "cond": _ok(commit)}})
     return {"type": "batch", "batch": {"steps": steps}}
 
 

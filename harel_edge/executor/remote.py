@@ -87,7 +87,8 @@ class _Unit:
 class HranaExecutor(ClosesOnce):
     """Units of work for a remote primary; safe to use from many coroutines of one event loop.
 
-    Up to `max_requests` exchanges in flight, `max_units` units each; `linger` applies only under load.
+    Up to `max_requests` exchanges in flight (2 by default, raised by `make_room` up to what
+    `max_in_flight` needs), `max_units` units each; `linger` applies only under load.
     Few, large exchanges: each unit is a write transaction of its own, and exchanges that overlap
     on the primary wait for its write lock by polling (docs/executor.md).
     """
