@@ -21,8 +21,9 @@ SLACK = 0.005  # seconds of latency above that, noise of a busy loop rather than
 
 class InFlightWindow:
     """The number of events in flight to aim for, from each settled event's latency: one more
-    while a busy window's events take under TOLERANCE times the base plus SLACK, one less above
-    that, and half when the latency passes a third of the lease (no lease may lapse in a queue)."""
+    while a busy window's events take under TOLERANCE times the base plus SLACK (so it doubles
+    each round trip), one less above that, and half when the latency passes a third of the lease
+    (no lease may lapse in a queue)."""
 
     def __init__(
         self,
@@ -41,6 +42,7 @@ class InFlightWindow:
         self._clock = clock
         self._latency: float | None = None  # smoothed latency of the last events
         self._lows: deque[tuple[float, float]] = deque()  # (when, latency): the rolling minimum
+        self._busy_at = float("-inf")  # when a launch last found the window at least half full
 
     @property
     def size(self) -> int:
@@ -54,6 +56,11 @@ class InFlightWindow:
     @property
     def latency(self) -> float | None:
         return self._latency
+
+    def launched(self, in_flight: int) -> None:
+        """An event started, `in_flight` with it: a window at least half full is busy."""
+        if 2 * in_flight >= self._size:
+            self._busy_at = self._clock()
 
     def settled(self, latency: float, in_flight: int) -> None:
         """One event's latency (from its hand-out to its ack), with the events in flight when it ended."""
@@ -69,7 +76,7 @@ class InFlightWindow:
             return
         if self._latency > TOLERANCE * self._lows[0][1] + SLACK:
             self._size = max(float(self.minimum), self._size - 1)
-        elif 2 * in_flight >= self._size:
-            # Only a busy window says more would help (half of it, since one answer ends several
-            # events at once): an idle worker keeps the window it has.
+        elif 2 * in_flight >= self._size or now - self._busy_at <= latency:
+            # Only a window busy while this event was in flight says more would help (half of it:
+            # events start and end in bursts, one answer ending many): an idle worker keeps its own.
             self._size = min(float(self.maximum), self._size + 1)

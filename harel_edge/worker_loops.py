@@ -79,6 +79,7 @@ class EdgeAsyncWorker(AsyncWorker):
             task = asyncio.create_task(run_one(lease))
             pending.add(task)
             task.add_done_callback(pending.discard)
+            self.window.launched(len(pending))
             launched += 1
             if self.launch_slice and launched % self.launch_slice == 0:
                 await asyncio.sleep(0)

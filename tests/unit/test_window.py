@@ -83,3 +83,16 @@ def test_the_base_latency_is_measured_again_after_its_period() -> None:
     clock.now += 11.0
     window.settled(0.050, 1)
     assert window.base == 0.050, "a fast event long ago says nothing about the link now"
+
+
+def test_a_window_whose_events_start_and_end_in_bursts_doubles_each_round_trip() -> None:
+    clock = Clock()
+    window = InFlightWindow(256, clock=clock)
+    for expected in (2 * INITIAL, 4 * INITIAL):
+        burst = window.size
+        for in_flight in range(1, burst + 1):  # one claim's answer: every event starts at once
+            window.launched(in_flight)
+        clock.now += 0.100  # the round trip
+        for in_flight in range(burst - 1, -1, -1):  # one commit's answer: every event ends at once
+            window.settled(0.100, in_flight)
+        assert window.size == expected, "every event of a full burst says more would help, not the first half"
