@@ -8,6 +8,7 @@ handles (kill, pause, restart) really do what they say, in a container and as a 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
@@ -32,6 +33,7 @@ from harel_edge.testing import (
     start_sqld_replica_node,
     wait_until,
 )
+from harel_edge.testing.sqld.stress import concurrent_writes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -95,6 +97,14 @@ def test_a_started_primary_answers_health_and_a_query_over_http(primary: SqldSer
 
 def test_the_session_primary_fixture_serves_queries(sqld_primary: SqldServer) -> None:
     assert _connect(sqld_primary).execute("SELECT 40 + 2").fetchone() == (42,)
+
+
+def test_a_started_primary_keeps_answering_sixteen_concurrent_writers(primary: SqldServer) -> None:
+    # With sqld's automatic checkpoint (after the commit that fills 1,000 pages) this load wedged
+    # sqld 0.24.32 for good before 400 commits in every run; the launcher's timer checkpoint keeps it answering.
+    outcome = asyncio.run(concurrent_writes(primary.http_url, primary.rw_token, writers=16, batches=60))
+    assert outcome.finished, f"sqld stopped answering after {outcome.committed} commits"
+    assert outcome.committed == 16 * 60
 
 
 # --------------------------------------------------------------------------- auth

@@ -34,6 +34,7 @@ from harel_edge.testing.sqld.processes import _pid_alive as _pid_alive  # tests/
 from harel_edge.testing.sqld.server import LOOPBACK, Role, SqldServer, SqldStartError, wait_until
 
 __all__ = [
+    "CHECKPOINT_INTERVAL_S",
     "DEFAULT_IMAGE",
     "SqldServer",
     "SqldStartError",
@@ -76,6 +77,10 @@ def _free_port(port_range: tuple[int, int] | None = None, *, avoid: int | None =
 # --------------------------------------------------------------------------- launchers
 
 _PORT_LOCK = threading.Lock()
+# A primary checkpoints its WAL on this timer instead of after the commit that fills 1,000 pages:
+# with that automatic checkpoint, concurrent writers wedge sqld 0.24's write-lock queue
+# (every request waits, 200 % CPU, for good), measured in docs/operations.md.
+CHECKPOINT_INTERVAL_S = 5
 
 
 def _launch(
@@ -94,6 +99,7 @@ def _launch(
     primary: SqldServer | None,
     extra_args: list[str],
     startup_timeout: float,
+    checkpoint_interval_s: int | None = None,
 ) -> SqldServer:
     image = image or sqld_image()
     chosen = choose_backend(backend, image=image) if binary is None else (backend or "binary")
@@ -139,6 +145,8 @@ def _launch(
             if primary.grpc_url is None:
                 raise ValueError("a replica node needs a primary that serves gRPC")
             settings["--primary-grpc-url"] = ("SQLD_PRIMARY_GRPC_URL", primary.grpc_url)
+        if checkpoint_interval_s is not None:
+            settings["--checkpoint-interval-s"] = ("SQLD_CHECKPOINT_INTERVAL_S", str(checkpoint_interval_s))
         if keys is not None:
             settings["--auth-jwt-key-file"] = ("SQLD_AUTH_JWT_KEY_FILE", str(inside / "jwt_key"))
 
@@ -198,15 +206,17 @@ def start_sqld_primary(
     port_range: tuple[int, int] | None = None,
     extra_args: list[str] | tuple[str, ...] = (),
     startup_timeout: float = 30.0,
+    checkpoint_interval_s: int | None = CHECKPOINT_INTERVAL_S,
 ) -> SqldServer:
-    """Start a sqld primary on 127.0.0.1 and return it once `/health` answers.
+    """Start a sqld primary on 127.0.0.1 and return it once `/health` answers. It checkpoints
+    every `checkpoint_interval_s` seconds (None: sqld's automatic checkpoint, which can wedge it).
 
     `SqldUnavailable` if sqld cannot run here, `SqldStartError` if not ready in time (docs/testing.md).
     """
     return _launch(
         role="primary", backend=backend, image=image, binary=binary, auth=auth, keys=keys, key_format=key_format,
         work_dir=work_dir, http_port=http_port, grpc_port=grpc_port, port_range=port_range, primary=None,
-        extra_args=list(extra_args), startup_timeout=startup_timeout,
+        extra_args=list(extra_args), startup_timeout=startup_timeout, checkpoint_interval_s=checkpoint_interval_s,
     )
 
 
