@@ -73,6 +73,8 @@ class Executor(Protocol):
     """
 
     closed: bool
+    # Units queued together share one fsync (a local file): callers gain by queueing at once.
+    commits_share_fsync: bool
 
     async def execute(self, stmt: Stmt, *, volatile: bool = False) -> Result:
         """One statement, committed on its own; `volatile`: a power cut may undo it harmlessly

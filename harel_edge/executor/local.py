@@ -64,6 +64,8 @@ class _Unit:
 class LocalExecutor(ClosesOnce):
     """Units of work for a local file; safe to use from many coroutines of one event loop."""
 
+    commits_share_fsync = True
+
     def __init__(
         self,
         settings: EdgeSettings,

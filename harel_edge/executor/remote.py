@@ -93,6 +93,8 @@ class HranaExecutor(ClosesOnce):
     on the primary wait for its write lock by polling (docs/executor.md).
     """
 
+    commits_share_fsync = False
+
     def __init__(
         self,
         settings: EdgeSettings,
