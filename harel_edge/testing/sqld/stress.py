@@ -56,6 +56,8 @@ async def concurrent_writes(
                 if errors:  # the write lock was busy: the batch rolled back, try it again
                     code = str(errors[0].get("code", errors[0].get("message")))
                     outcome.refused[code] = outcome.refused.get(code, 0) + 1
+                    if sum(outcome.refused.values()) > 10 * writers * batches:  # not a busy lock: a lasting error
+                        raise RuntimeError(f"every batch is refused: {errors[0]}")
                     continue
                 done += 1
                 outcome.committed += 1
