@@ -11,8 +11,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-INITIAL = 32  # events in flight before anything was measured
-MINIMUM = 8  # enough to keep a commit's exchange shared by several events
+INITIAL = 64  # events in flight before anything was measured: the floor
+MINIMUM = 64  # below it, commits share exchanges and fsyncs poorly: a worker next to its primary lost 17 % (docs/tuning.md)
 BASE_PERIOD = 10.0  # seconds the fastest latency seen counts as the link's own, before it is measured again
 SMOOTHING = 0.1  # weight of each new latency in the running one
 TOLERANCE = 3.0  # latency, as a multiple of the base, up to which the window grows

@@ -30,15 +30,23 @@ def test_a_window_on_a_slow_link_grows_while_every_event_takes_only_the_link_s_t
 
 def test_a_window_stops_growing_once_events_queue_and_settles_near_what_the_work_needs() -> None:
     clock = Clock()
-    window = InFlightWindow(256, clock=clock)
+    window = InFlightWindow(512, clock=clock)
     settle(window, clock, 0.010, 10)  # the fastest an event goes: the base
-    # A worker whose work takes 1 ms of CPU each: every event beyond 10 in flight waits its turn.
-    for _ in range(2000):
+    # A worker whose work takes 0.1 ms of CPU each: every event beyond 100 in flight waits its turn.
+    for _ in range(5000):
         clock.now += 0.001
-        window.settled(max(0.010, window.size * 0.001), window.size)
-    # It grows until events take TOLERANCE times the base plus SLACK (35 ms: 35 in flight), no further.
+        window.settled(max(0.010, window.size * 0.0001), window.size)
+    # It grows until events take TOLERANCE times the base plus SLACK (35 ms: 350 in flight), no further.
     assert TOLERANCE * 0.010 + SLACK == pytest.approx(0.035)
-    assert 30 <= window.size <= 40, f"about 35, not {window.size}"
+    assert 330 <= window.size <= 370, f"about 350, not {window.size}"
+
+
+def test_a_window_never_shrinks_below_what_keeps_commits_shared() -> None:
+    clock = Clock()
+    window = InFlightWindow(512, clock=clock)
+    settle(window, clock, 0.002, 10)  # next to its primary: a 2 ms base
+    settle(window, clock, 0.050, 2000)  # events queue behind the worker's own CPU
+    assert window.size == MINIMUM == 64
 
 
 def test_a_window_shrinks_when_the_primary_slows_down() -> None:
