@@ -1,12 +1,17 @@
 """The edge worker through a 100 ms link, its window following it, while it is killed and its
 primary is paused and killed.
 
-Each execution is a chain of ten states, one event a step (Start, then E1..E10), and each step adds one to
-`count`: an event applied twice overshoots, a lost one stalls the chain, an event out of order
-finds no transition. So, at the end, every execution in S10 with count 10 and ten processed
-events means every event was applied exactly once, in order. Workers (`harel-edge worker`, two
-processes) are SIGKILLed while they hold leases (between the claim and the commit), and the
-primary is paused for longer than a lease and later killed and restarted.
+Each execution is a chain of states, one event a step (Start, then E1..E20), and each step adds one
+to `count`: an event applied twice overshoots, a lost one stalls the chain, an event out of order
+finds no transition. So, at the end, every execution in its final state with count 20 and 21
+processed events means every event was applied exactly once, in order. Workers (`harel-edge
+worker`, two processes) are SIGKILLed while they hold leases (between the claim and the commit),
+and the primary is paused for longer than a lease and later killed and restarted.
+
+The test paces the workers with a gate, not with time: each state's enter action waits while a
+file exists. With the gate shut, a worker that claims an event stops inside its handler holding
+its leases, which is where a kill must land; between faults the gate opens until a few more
+events are processed, so however fast the workers are, the queue outlasts the faults.
 """
 
 from __future__ import annotations
@@ -28,23 +33,36 @@ from harel_edge.store import EdgeStore
 from harel_edge.testing.proxy import LatencyProxy
 
 COMMAND = str(Path(__import__("sys").executable).parent / "harel-edge")
-STEPS = 10
+STEPS = 20
 EXECUTIONS = 60
 VISIBILITY = 3.0
+PROGRESS_BETWEEN_FAULTS = 10  # events processed with the gate open before the next fault
 
 pytestmark = [pytest.mark.sqld, pytest.mark.chaos, pytest.mark.slow]
 
 
+def gate_action(directory: Path, gate: Path) -> None:
+    """The enter action every state runs: it waits while the test holds the gate shut."""
+    (directory / "chaos_gate.py").write_text(
+        "import time\nfrom pathlib import Path\n\n"
+        f"GATE = Path({str(gate)!r})\n\n\n"
+        "def wait_at_gate(execution, event, **_inputs):\n"
+        "    deadline = time.monotonic() + 120\n"
+        "    while GATE.exists() and time.monotonic() < deadline:\n"
+        "        time.sleep(0.01)\n"
+    )
+
+
 def chain_definition(directory: Path) -> None:
     events = "\n".join(f"event E{i} {{}}" for i in range(1, STEPS + 1))
-    states = "\n".join(f"  state S{i} {{ on enter pack }}" for i in range(STEPS))
+    states = "\n".join(f"  state S{i} {{ on enter wait_at_gate }}" for i in range(STEPS))
     moves = "\n".join(
         f"  from S{i - 1} to S{i} on E{i} set context.count = context.count + 1" for i in range(1, STEPS + 1)
     )
     (directory / "chain.stm").write_text(
-        "bind {\n  pack = harel_edge.examples.actions.pack\n}\n"
+        "bind {\n  wait_at_gate = chaos_gate.wait_at_gate\n}\n"
         f"{events}\n"
-        "machine chain {\n  context {\n    count: int = 0\n    pack_seconds: float = 0.0\n  }\n"
+        "machine chain {\n  context {\n    count: int = 0\n  }\n"
         f"  initial S0\n{states}\n  final S{STEPS} success\n{moves}\n}}\n"
     )
 
@@ -61,6 +79,7 @@ def worker_env(profile: str, proxy: LatencyProxy, server, prefix: str, n: int, t
         HAREL_EDGE_WORKER_ID=f"chaos-{n}",
         HAREL_EDGE_RETRY_DEADLINE="120",
         HAREL_EDGE_RETRY_MAX_DELAY="1",
+        PYTHONPATH=str(tmp / "actions"),
     )
     if profile == "sqld":
         env["HAREL_EDGE_URL"] = proxy.url
@@ -86,14 +105,17 @@ def test_every_event_is_applied_exactly_once_in_order_while_workers_are_killed_a
     server = fresh_sqld_primary
     prefix = f"chaos_{profile}"
     direct = ExplicitSettings.load(profile="sqld", url=server.http_url, auth_token=server.rw_token, prefix=prefix)
-    definitions = tmp_path / "definitions"
+    definitions, actions, gate = tmp_path / "definitions", tmp_path / "actions", tmp_path / "gate"
     definitions.mkdir()
+    actions.mkdir()
     chain_definition(definitions)
+    gate_action(actions, gate)
+    gate.touch()  # shut until the first fault: claimed events wait in their handlers
     store = EdgeStore(direct)
     transport = LibsqlTransport(settings=store.settings)
     ids = [f"chain-{i:03d}" for i in range(EXECUTIONS)]
     for execution_id in ids:
-        store.save(Execution(id=execution_id, definition_id="chain", context={"count": 0, "pack_seconds": 0.05}))
+        store.save(Execution(id=execution_id, definition_id="chain", context={"count": 0}))
     kinds = ["Start", *(f"E{step}" for step in range(1, STEPS + 1))]
     transport.publish_many((execution_id, Event(kind=kind), 0, None) for kind in kinds for execution_id in ids)
     store.close()
@@ -105,52 +127,69 @@ def test_every_event_is_applied_exactly_once_in_order_while_workers_are_killed_a
         finally:
             probe.close()
 
+    def holding() -> dict[int, int]:
+        """Leases each worker holds now, by worker number."""
+        sql = f"SELECT substr(locked_by, 7, 1), count(*) FROM {prefix}_transport_messages WHERE locked_by LIKE 'chaos-_#%' GROUP BY 1"
+        return {int(n): int(held) for n, held in look(sql)}
+
+    def processed_so_far() -> int:
+        return int(look(f"SELECT count(*) FROM {prefix}_processed_events")[0][0])
+
+    def still_queued() -> int:
+        return int(look(f"SELECT count(*) FROM {prefix}_transport_messages")[0][0])
+
     kills, held_at_kill, faults = 0, 0, []
     with LatencyProxy(server.http_port, delay=0.050) as proxy:
         envs = [worker_env(profile, proxy, server, prefix, n, tmp_path) for n in range(2)]
         workers = [start(env, definitions, tmp_path) for env in envs]
+        deadline = time.monotonic() + 300
+
+        def wait_for(what: str, condition) -> None:
+            while not condition():
+                assert time.monotonic() < deadline, f"timed out waiting for {what}"
+                time.sleep(0.02)
+
+        def let_events_through() -> None:
+            """Open the gate until a few more events are processed, then shut it again."""
+            before = processed_so_far()
+            gate.unlink()
+            wait_for("events to be processed", lambda: processed_so_far() >= before + PROGRESS_BETWEEN_FAULTS)
+            gate.touch()
+
+        rng = random.Random(7)
+        plan = ["kill"] * 3 + ["pause primary"] + ["kill"] * 2 + ["kill primary"] + ["kill"] * 2
         try:
-            deadline = time.monotonic() + 300
-            rng = random.Random(7)
-            plan = ["kill"] * 3 + ["pause primary"] + ["kill"] * 2 + ["kill primary"] + ["kill"] * 2
-            def held_by(n: int) -> int:
-                sql = f"SELECT count(*) FROM {prefix}_transport_messages WHERE locked_by LIKE ?"
-                return int(look(sql, f"chaos-{n}#%")[0][0])
-
-            def left() -> int:
-                return int(look(f"SELECT count(*) FROM {prefix}_transport_messages")[0][0])
-
             for action in plan:
-                time.sleep(rng.uniform(0.1, 0.4))  # pacing between faults, not synchronisation
                 if action == "kill":
-                    n = rng.randrange(len(workers))
-                    # Kill only a worker seen holding leases (between its claim and its commit):
-                    # wait for that state, however slow the machine is to start a worker.
-                    held = 0
-                    while time.monotonic() < deadline and not (held := held_by(n)) and left():
-                        time.sleep(0.02)
-                    if not held:
-                        continue  # the queue drained first: nothing left to interrupt
-                    held_at_kill += held
+                    # The gate is shut: a worker that claimed events waits in a handler, holding leases.
+                    assert still_queued() > 0, "the queue outlasts the faults (the gate lets few events through)"
+                    wait_for("a worker holding leases", holding)
+                    held = holding()
+                    n = rng.choice(sorted(held))
+                    held_at_kill += held[n]
                     workers[n].send_signal(signal.SIGKILL)
                     workers[n].wait(timeout=30)
                     kills += 1
                     envs[n] = worker_env(profile, proxy, server, prefix, n, tmp_path)
                     workers[n] = start(envs[n], definitions, tmp_path)
                 elif action == "pause primary":
+                    gate.unlink()  # events in flight while the primary stops answering
                     server.pause()
                     faults.append(server.state)
-                    time.sleep(VISIBILITY + 2)  # longer than a lease: every held lease lapses
+                    time.sleep(VISIBILITY + 2)  # the fault's length: longer than a lease, so every lease lapses
                     server.resume()
+                    gate.touch()
                 else:
+                    gate.unlink()
                     server.kill()
                     faults.append(server.state)
                     server.restart()
-            while time.monotonic() < deadline:
-                if look(f"SELECT count(*) FROM {prefix}_transport_messages")[0][0] == 0:
-                    break
-                time.sleep(0.2)
+                    gate.touch()
+                let_events_through()
+            gate.unlink()
+            wait_for("the queue to drain", lambda: still_queued() == 0)
         finally:
+            gate.unlink(missing_ok=True)
             for worker in workers:
                 worker.send_signal(signal.SIGTERM)
             for worker in workers:
@@ -178,8 +217,8 @@ def test_every_event_is_applied_exactly_once_in_order_while_workers_are_killed_a
     }
     print(json.dumps(report, indent=2))
     assert faults == ["paused", "killed"], "the primary really was paused and killed"
-    assert kills >= 3 and held_at_kill >= kills, f"workers were killed while holding leases: {report}"
+    assert kills == plan.count("kill") and held_at_kill >= kills, f"workers were killed while holding leases: {report}"
     assert left == 0, f"every event was delivered: {report}"
     assert all(counts[eid] == STEPS for eid in ids), f"every event applied exactly once: {report}"
     assert all(final[eid]["status"] == "DONE" for eid in ids), "every chain reached its final state"
-    assert all(processed.get(eid) == STEPS + 1 for eid in ids), "Start and ten events processed per execution"
+    assert all(processed.get(eid) == STEPS + 1 for eid in ids), "Start and every step's event processed once per execution"
