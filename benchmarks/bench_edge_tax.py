@@ -31,7 +31,7 @@ from harel_edge import logs, observability
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import start_sqld_primary
 from harel_edge.testing.proxy import LatencyProxy
-from harel_edge.worker import freeze_startup_objects
+from harel_edge.worker import tune_garbage_collector
 
 
 def peak_rss_mb() -> float:
@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--max-in-flight", type=int, help="HAREL_EDGE_MAX_IN_FLIGHT of the worker (default: the setting's)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    freeze_startup_objects()  # as a worker process does (`serve`)
+    tune_garbage_collector()  # as a worker process does (`serve`)
     logs.configure_logging(level="warning", stream=sys.stderr)
     profiles, rtts = args.profiles.split(","), [float(x) for x in args.rtts.split(",")]
     cells: dict[tuple[str, float], list[dict]] = {}

@@ -145,10 +145,10 @@ async def edge_events(directory: Path, orders: int) -> dict:
 
 def one(kind: str, directory: Path, size: int) -> dict:
     from harel_edge import logs  # noqa: PLC0415
-    from harel_edge.worker import freeze_startup_objects  # noqa: PLC0415
+    from harel_edge.worker import tune_garbage_collector  # noqa: PLC0415
 
     logs.configure_logging(level="warning", stream=sys.stderr)
-    freeze_startup_objects()  # as a worker process does (`serve`)
+    tune_garbage_collector()  # as a worker process does (`serve`)
     if kind.startswith("edge-workflows-"):
         return asyncio.run(edge_workflows(directory, size, int(kind.rsplit("-", 1)[1])))
     return asyncio.run(edge_events(directory, size // 4))

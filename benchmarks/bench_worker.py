@@ -38,7 +38,7 @@ from harel_edge.migration import prepare_database
 from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
-from harel_edge.worker import WorkerOptions, freeze_startup_objects, run_worker
+from harel_edge.worker import WorkerOptions, run_worker, tune_garbage_collector
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "harel_edge" / "examples"
 STEPS = (("Start", {}), ("Pay", {"amount": 1.0}), ("Ship", {}), ("Deliver", {}))
@@ -170,7 +170,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    freeze_startup_objects()  # as a worker process does (`serve`)
+    tune_garbage_collector()  # as a worker process does (`serve`)
     logs.configure_logging(level="warning", stream=sys.stderr)
     profiles = args.profiles.split(",")
     rows = []

@@ -14,7 +14,7 @@ from typing import Any
 
 from harel_edge import logs, observability
 from harel_edge.settings import EdgeSettings
-from harel_edge.worker import WorkerOptions, WorkerReport, freeze_startup_objects, run_worker
+from harel_edge.worker import WorkerOptions, WorkerReport, run_worker, tune_garbage_collector
 
 
 def _child(
@@ -32,7 +32,7 @@ def _child(
     logs.configure_logging(log_format, log_level)  # type: ignore[arg-type]
     if settings.metrics_port:
         observability.serve_metrics(settings.metrics_port)
-    freeze_startup_objects()
+    tune_garbage_collector()
 
     async def main() -> WorkerReport:
         stop = asyncio.Event()

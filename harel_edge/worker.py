@@ -40,6 +40,9 @@ from harel_edge.worker_loops import EdgeAsyncWorker, restarting, wait_ended
 # runs hundreds of transitions. Where commits share an fsync (a local file) it starts them all
 # (measured: 8 at a time cost the local worker about 15 %).
 LAUNCH_SLICE = 8
+# Python's default (700, 10, 10) collects an event's objects while it waits for the primary and
+# promotes them, so full collections come often: measured in docs/tuning.md.
+GC_THRESHOLDS = (5000, 50, 10)
 
 log = structlog.get_logger("harel_edge.worker")
 
@@ -342,13 +345,14 @@ def serve(settings: EdgeSettings, options: WorkerOptions) -> WorkerReport:
 
     if settings.metrics_port:
         observability.serve_metrics(settings.metrics_port)
-    freeze_startup_objects()
+    tune_garbage_collector()
     return asyncio.run(main())
 
 
-def freeze_startup_objects() -> None:
-    """Put what start-up made (modules, classes, the libraries' tables), which lives as long as
-    the process, out of the garbage collector's reach: its full collections then pause the
-    event loop a third as long (docs/tuning.md, "Pauses of the event loop")."""
+def tune_garbage_collector() -> None:
+    """Freeze what start-up made (it lives as long as the process) and collect young objects
+    less often (`GC_THRESHOLDS`): both shorten the collections that stall the worker's one event
+    loop (docs/tuning.md, "Pauses of the event loop")."""
     gc.collect()
     gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)

@@ -6,7 +6,6 @@ Each exchange is one Hrana request on a stream closed in the same exchange (docs
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import urllib.request
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
+import orjson
 import structlog
 
 from harel_edge.errors import AuthError, PrimaryUnavailableError
@@ -48,6 +48,7 @@ log = structlog.get_logger("harel_edge.executor.remote")
 # A pipeline of many commits is still small (a few KB a unit); sqld answers it in milliseconds.
 # `sock_read` bounds how long a unit may wait for an answer that never comes; `connect` includes
 # the wait for a free connection of the pool, `sock_connect` the TCP (and TLS) handshake alone.
+JSON_BODY = {"Content-Type": "application/json"}
 TIMEOUT = aiohttp.ClientTimeout(total=None, connect=30.0, sock_connect=5.0, sock_read=30.0)
 
 
@@ -335,7 +336,8 @@ class HranaExecutor(ClosesOnce):
         self.exchanges += 1
         target = url if url.startswith(("http://", "https://")) else self._base_url + url
         try:
-            async with self._http().post(target, json=body, proxy=self._proxy) as response:
+            data = orjson.dumps(body)  # a tenth of the json module's time on a 100-event commit
+            async with self._http().post(target, data=data, headers=JSON_BODY, proxy=self._proxy) as response:
                 status, content = response.status, await response.read()
         except TimeoutError as exc:
             raise PrimaryUnavailableError(
@@ -351,7 +353,7 @@ class HranaExecutor(ClosesOnce):
         if status != 200:
             raise _status_error(self.where, status, scrub(content.decode(errors="replace")))
         try:
-            answer = json.loads(content)
+            answer = orjson.loads(content)
             results = answer["results"]
             if not isinstance(results, list) or len(results) < len(requests):
                 raise ValueError("fewer results than requests")
