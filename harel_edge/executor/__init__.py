@@ -97,10 +97,10 @@ class Executor(Protocol):
         """Send what is queued, then release connections."""
 
 
-def built(units: list[Any], request_for: Callable[[list[Stmt]], Any] | None = None) -> list[Any]:
+def built(units: list[Any]) -> list[Any]:
     """The units of one commit or exchange, the deferred ones (`Executor.deferred`) made now and
     put last; one that makes no statement is answered [] and left out, one whose `build` raised
-    gets the error. `request_for`: what a remote unit sends for its statements."""
+    gets the error."""
     ready, last = [], []
     for unit in units:
         build, unit.build = unit.build, None
@@ -118,8 +118,6 @@ def built(units: list[Any], request_for: Callable[[list[Stmt]], Any] | None = No
                 unit.future.set_result([])
             continue
         unit.stmts, unit.tail = stmts, True
-        if request_for is not None:
-            unit.request, unit.statements = request_for(stmts), len(stmts)
         last.append(unit)
     return ready + last
 

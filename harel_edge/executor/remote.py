@@ -76,13 +76,24 @@ def environment_proxy(url: str) -> str | None:
 
 @dataclass
 class _Unit:
-    request: dict[str, Any]
     future: asyncio.Future
-    statements: int  # 0 for a single execute, else the transaction's statement count
+    single: bool  # one statement executed on its own, not a transaction
     stmts: list[Stmt]
     alone: bool = False  # sent as its own request, never in a shared transaction
     build: Callable[[], list[Stmt]] | None = None  # a deferred unit's statements, made when it is sent
     tail: bool = False  # a deferred unit, made: it runs after the others
+
+    @property
+    def statements(self) -> int:
+        """0 for a single execute, else the transaction's statement count."""
+        return 0 if self.single else len(self.stmts)
+
+    def request(self) -> dict[str, Any]:
+        """The unit as a request of its own, encoded only when it goes alone: most units share
+        a transaction (`grouped_batch`), which encodes their statements itself."""
+        if self.single:
+            return {"type": "execute", "stmt": stmt_json(self.stmts[0])}
+        return transaction_request(self.stmts)
 
 
 class HranaExecutor(ClosesOnce):
@@ -132,16 +143,15 @@ class HranaExecutor(ClosesOnce):
         return f"<HranaExecutor {self.where}>"
 
     async def execute(self, stmt: Stmt, *, volatile: bool = False) -> Result:  # noqa: ARG002 - the primary decides durability
-        request = {"type": "execute", "stmt": stmt_json(stmt)}
-        return await self._submit(request, 0, [stmt])
+        return await self._submit([stmt], single=True)
 
     async def transaction(self, stmts: list[Stmt]) -> list[Result]:
         if not stmts:
             return []
-        return await self._submit(transaction_request(stmts), len(stmts), stmts)
+        return await self._submit(stmts)
 
     def deferred(self, build: Callable[[], list[Stmt]]) -> asyncio.Future:
-        return self._submit({}, 0, [], build=build)
+        return self._submit([], build=build)
 
     def make_room(self, events: int) -> None:
         wanted = min(exchanges_for(events, self._max_units), self._most_requests)
@@ -169,12 +179,12 @@ class HranaExecutor(ClosesOnce):
     # ---- coalescing --------------------------------------------------------------------------
 
     def _submit(
-        self, request: dict[str, Any], statements: int, stmts: list[Stmt], build: Callable[[], list[Stmt]] | None = None
+        self, stmts: list[Stmt], *, single: bool = False, build: Callable[[], list[Stmt]] | None = None
     ) -> asyncio.Future:
         if self.closed:
             raise ExecutorClosedError(f"{self!r} was closed: open a new transport or store to go on")
         future = asyncio.get_running_loop().create_future()
-        self._queue.append(_Unit(request, future, statements, stmts, build=build))
+        self._queue.append(_Unit(future, single, stmts, build=build))
         if not self._draining:
             self._start_drain()
         return future
@@ -215,7 +225,7 @@ class HranaExecutor(ClosesOnce):
                 cancelled = True
             units = self._queue[: self._max_units]
             del self._queue[: len(units)]
-            units = built(units, transaction_request)
+            units = built(units)
             if not units:
                 self._slots.release()
                 continue
@@ -236,7 +246,7 @@ class HranaExecutor(ClosesOnce):
                 request, layout = grouped_batch([u.stmts for u in units])
                 results = await self.post([request])
             else:
-                results = await self.post([u.request for u in units])
+                results = await self.post([u.request() for u in units])
         except BaseException as exc:
             error = exc if isinstance(exc, Exception) else PrimaryUnavailableError(
                 f"the request to the primary at {self.where} was cancelled in flight; its outcome "
