@@ -4,7 +4,9 @@ ONE `harel-edge worker` (`run_worker`, in this process) drains the demo's order 
 (`--orders` executions, four events each) from a sqld primary reached through
 `harel_edge.testing.proxy.LatencyProxy`, on the sqld and replica profiles. Cells run in
 interleaved rounds (every latency of a profile, then the next round) and the median of the rounds
-is reported, with each latency's rate as a share of the same profile's rate at 0 ms, the loop's
+is reported, with each latency's rate as a share of the same profile's rate at 0 ms (over the
+whole drain, and over its middle half: the rate of a steady stream, without the window's ramp
+and the last executions' events that come one at a time), the loop's
 lag (p99 / worst), the window the worker ended with and the benchmark process's peak resident
 memory so far (cells run one after another in it: the first cell's figure is one worker's).
 
@@ -79,19 +81,27 @@ def main() -> None:
                     cells.setdefault((profile, rtt), []).append(row)
                     print(f"{profile} {rtt:g} ms: {row}", file=sys.stderr)
     print(f"\nOne worker, demo statechart, {args.orders * 4} events, median of {args.rounds} rounds\n")
-    print("| profile | RTT (ms) | events/s | vs 0 ms | loop lag p99 / max (ms) | window | peak RSS (MB) | all delivered |")
-    print("| --- | ---: | ---: | ---: | --- | ---: | ---: | --- |")
+    print(
+        "| profile | RTT (ms) | events/s | vs 0 ms | middle half, events/s | vs 0 ms | loop lag p99 / max (ms) | window "
+        "| peak RSS (MB) | all delivered |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |")
     table = []
     for profile in profiles:
-        base = statistics.median(r["events_per_s"] for r in cells.get((profile, 0.0), [{"events_per_s": 0}]))
+        at_0 = cells.get((profile, 0.0), [{"events_per_s": 0, "steady_per_s": 0}])
+        base = statistics.median(r["events_per_s"] for r in at_0)
+        steady_base = statistics.median(r["steady_per_s"] for r in at_0)
         for rtt in rtts:
             rows = cells[(profile, rtt)]
             rate = statistics.median(r["events_per_s"] for r in rows)
+            steady = statistics.median(r["steady_per_s"] for r in rows)
             summary = {
                 "profile": profile,
                 "rtt_ms": rtt,
                 "events_per_s": round(rate),
                 "vs_0ms": round(rate / base, 2) if base else None,
+                "steady_per_s": round(steady),
+                "steady_vs_0ms": round(steady / steady_base, 2) if steady_base else None,
                 "lag_p99_ms": round(statistics.median(r["lag_p99_ms"] for r in rows), 1),
                 "lag_max_ms": max(r["lag_max_ms"] for r in rows),
                 "window": rows[-1]["window"],
@@ -100,8 +110,10 @@ def main() -> None:
             }
             table.append(summary)
             ratio = f"{summary['vs_0ms']:.2f}x" if summary["vs_0ms"] is not None else ""
+            steady_ratio = f"{summary['steady_vs_0ms']:.2f}x" if summary["steady_vs_0ms"] is not None else ""
             print(
-                f"| {profile} | {rtt:g} | {round(rate)} | {ratio} | {summary['lag_p99_ms']} / {summary['lag_max_ms']} | "
+                f"| {profile} | {rtt:g} | {round(rate)} | {ratio} | {round(steady)} | {steady_ratio} | "
+                f"{summary['lag_p99_ms']} / {summary['lag_max_ms']} | "
                 f"{summary['window']} | {summary['rss_mb']} | {summary['all_delivered']} |"
             )
     if args.json:

@@ -69,6 +69,7 @@ class Probe:
         self.started: float | None = None
         self.ended: float | None = None
         self.left_at_start = total
+        self.depths: list[tuple[float, int]] = []  # (time, messages left) at each poll
 
     async def tick(self, done: asyncio.Event) -> None:
         while not done.is_set():
@@ -82,6 +83,7 @@ class Probe:
         while time.monotonic() < deadline:
             left = await depth()
             now = time.perf_counter()
+            self.depths.append((now, left))
             if self.started is None and left < self.total:
                 self.started, self.left_at_start = now, left
             if left == 0:
@@ -89,6 +91,15 @@ class Probe:
                 break
             await asyncio.sleep(0.02)
         done.set()
+
+    def steady_rate(self) -> float:
+        """Events/s over the middle half of the drain (from 3/4 left to 1/4 left): the rate once
+        the window has grown and before the last executions' events come one at a time."""
+        upper = next(((t, n) for t, n in self.depths if n <= self.total * 3 / 4), None)
+        lower = next(((t, n) for t, n in self.depths if n <= self.total / 4), None)
+        if upper is None or lower is None or lower[0] <= upper[0]:
+            return 0.0
+        return round((upper[1] - lower[1]) / (lower[0] - upper[0]), 1)
 
     def row(self, name: str, delivered: int, orders: int) -> dict:
         ms = sorted(lag * 1000 for lag in self.lags) or [0.0]
@@ -98,6 +109,7 @@ class Probe:
             "worker": name,
             "events": self.total,
             "events_per_s": round(handled / window, 1) if self.ended and window > 0 else 0.0,
+            "steady_per_s": self.steady_rate(),
             "lag_p50_ms": round(statistics.median(ms), 2),
             "lag_p99_ms": round(ms[int(len(ms) * 0.99) - 1 if len(ms) > 1 else 0], 2),
             "lag_max_ms": round(ms[-1], 2),
