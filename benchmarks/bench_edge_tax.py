@@ -76,7 +76,7 @@ def main() -> None:
                             replica = str(Path(tmp) / f"replica{n}.db")
                             settings = ExplicitSettings.load(profile="replica", db_path=replica, sync_url=proxy.url, **common)
                         row = asyncio.run(run_edge(settings, direct, args.orders, args.timeout))
-                    row["window"] = int(observability.WINDOW._value.get())
+                    row["window"] = int(observability.WINDOW.collect()[0].samples[0].value)
                     row["rss_mb"] = round(peak_rss_mb(), 1)
                     cells.setdefault((profile, rtt), []).append(row)
                     print(f"{profile} {rtt:g} ms: {row}", file=sys.stderr)

@@ -33,6 +33,7 @@ class EdgeAsyncWorker(AsyncWorker):
         self.launch_slice = launch_slice
         self.handling: set[asyncio.Task] = set()
         self.window = InFlightWindow(self.concurrency, visibility=self.visibility)
+        observability.watch_window(self.window)
 
     async def run(self, stop: asyncio.Event, idle_sleep: float = 0.005) -> None:
         """harel's loop (claim while the window has room, sweep due timers when nothing is
@@ -55,7 +56,6 @@ class EdgeAsyncWorker(AsyncWorker):
             self.window.settled(time.monotonic() - began, len(pending))
             self.transport.concurrency = self.window.size
             self.transport.path.executor.make_room(self.window.size)
-            observability.record_window(self.window)
 
         self.transport.concurrency = self.window.size
         idle, launched = idle_sleep, 0

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client import REGISTRY
 
+from harel_edge.observability import watch_window
 from harel_edge.window import INITIAL, MINIMUM, SLACK, TOLERANCE, InFlightWindow
 
 
@@ -104,3 +106,17 @@ def test_a_window_whose_events_start_and_end_in_bursts_doubles_each_round_trip()
         for in_flight in range(burst - 1, -1, -1):  # one commit's answer: every event ends at once
             window.settled(0.100, in_flight)
         assert window.size == expected, "every event of a full burst says more would help, not the first half"
+
+
+def test_the_window_and_its_latencies_are_published_as_the_gauges_read_when_scraped() -> None:
+    clock = Clock()
+    window = InFlightWindow(256, clock=clock)
+    watch_window(window)
+    assert REGISTRY.get_sample_value("harel_edge_window_events") == window.size == INITIAL
+    settle(window, clock, 0.020, 3)
+    settle(window, clock, 0.050, 200)
+    assert REGISTRY.get_sample_value("harel_edge_window_events") == window.size != INITIAL
+    recent = REGISTRY.get_sample_value("harel_edge_event_latency_seconds", {"kind": "recent"})
+    base = REGISTRY.get_sample_value("harel_edge_event_latency_seconds", {"kind": "base"})
+    assert (recent, base) == (window.latency, window.base)
+    assert base == pytest.approx(0.020) and recent > base
