@@ -7,8 +7,8 @@ interleaved rounds (every latency of a profile, then the next round) and the med
 is reported, with each latency's rate as a share of the same profile's rate at 0 ms (over the
 whole drain, and over its middle half: the rate of a steady stream, without the window's ramp
 and the last executions' events that come one at a time), the loop's
-lag (p99 / worst), the window the worker ended with and the benchmark process's peak resident
-memory so far (cells run one after another in it: the first cell's figure is one worker's).
+lag (p99 / worst), the window the worker ended with and the peak resident memory of the cell's
+process (each cell runs in a process of its own, as a worker does).
 
     .venv/bin/python benchmarks/bench_edge_tax.py
     .venv/bin/python benchmarks/bench_edge_tax.py --orders 150 --rounds 1 --rtts 0,100
@@ -23,6 +23,7 @@ import asyncio
 import json
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -40,6 +41,29 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def run_cell(profile: str, rtt: float, orders: int, timeout: float, max_in_flight: int | None) -> dict:
+    """One cell in this process, as a worker process runs: its own primary, proxy and window."""
+    tune_garbage_collector()  # as a worker process does (`serve`)
+    logs.configure_logging(level="warning", stream=sys.stderr)
+    common = {"prefix": "tax", "worker_id": "tax"}
+    if max_in_flight:
+        common["max_in_flight"] = max_in_flight
+    with tempfile.TemporaryDirectory() as tmp, start_sqld_primary() as server, LatencyProxy(
+        server.http_port, delay=rtt / 2000
+    ) as proxy:
+        common["auth_token"] = server.rw_token
+        direct = ExplicitSettings.load(profile="sqld", url=server.http_url, **common)
+        if profile == "sqld":
+            settings = ExplicitSettings.load(profile="sqld", url=proxy.url, **common)
+        else:
+            replica = str(Path(tmp) / "replica.db")
+            settings = ExplicitSettings.load(profile="replica", db_path=replica, sync_url=proxy.url, **common)
+        row = asyncio.run(run_edge(settings, direct, orders, timeout))
+    row["window"] = int(observability.WINDOW.collect()[0].samples[0].value)
+    row["rss_mb"] = round(peak_rss_mb(), 1)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profiles", default="sqld,replica")
@@ -51,35 +75,28 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--max-in-flight", type=int, help="HAREL_EDGE_MAX_IN_FLIGHT of the worker (default: the setting's)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--cell", help=argparse.SUPPRESS)  # "profile,rtt": run one cell, print its row as JSON
     args = parser.parse_args()
-    tune_garbage_collector()  # as a worker process does (`serve`)
-    logs.configure_logging(level="warning", stream=sys.stderr)
+    if args.cell:
+        profile, rtt = args.cell.split(",")
+        print(json.dumps(run_cell(profile, float(rtt), args.orders, args.timeout, args.max_in_flight)))
+        return
     profiles, rtts = args.profiles.split(","), [float(x) for x in args.rtts.split(",")]
     cells: dict[tuple[str, float], list[dict]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        n = 0
-        for _ in range(args.rounds):
-            for profile in profiles:
-                for rtt in rtts:
-                    n += 1
-                    common = {"prefix": f"t{n}", "worker_id": f"tax-{n}"}
-                    if args.max_in_flight:
-                        common["max_in_flight"] = args.max_in_flight
-                    # A primary of its own: sqld reads the whole schema into every new stream, so
-                    # cells sharing one would slow down as their tables pile up.
-                    with start_sqld_primary() as server, LatencyProxy(server.http_port, delay=rtt / 2000) as proxy:
-                        common["auth_token"] = server.rw_token
-                        direct = ExplicitSettings.load(profile="sqld", url=server.http_url, **common)
-                        if profile == "sqld":
-                            settings = ExplicitSettings.load(profile="sqld", url=proxy.url, **common)
-                        else:
-                            replica = str(Path(tmp) / f"replica{n}.db")
-                            settings = ExplicitSettings.load(profile="replica", db_path=replica, sync_url=proxy.url, **common)
-                        row = asyncio.run(run_edge(settings, direct, args.orders, args.timeout))
-                    row["window"] = int(observability.WINDOW.collect()[0].samples[0].value)
-                    row["rss_mb"] = round(peak_rss_mb(), 1)
-                    cells.setdefault((profile, rtt), []).append(row)
-                    print(f"{profile} {rtt:g} ms: {row}", file=sys.stderr)
+    for _ in range(args.rounds):
+        for profile in profiles:
+            for rtt in rtts:
+                # A process of its own, as a worker is: cells sharing one would carry each other's
+                # garbage; and a primary of its own, since sqld reads the whole schema into every
+                # new stream.
+                command = [sys.executable, __file__, "--cell", f"{profile},{rtt:g}", "--orders", str(args.orders),
+                           "--timeout", str(args.timeout)]
+                if args.max_in_flight:
+                    command += ["--max-in-flight", str(args.max_in_flight)]
+                done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
+                row = json.loads(done.stdout.strip().splitlines()[-1])
+                cells.setdefault((profile, rtt), []).append(row)
+                print(f"{profile} {rtt:g} ms: {row}", file=sys.stderr)
     print(f"\nOne worker, demo statechart, {args.orders * 4} events, median of {args.rounds} rounds\n")
     print(
         "| profile | RTT (ms) | events/s | vs 0 ms | middle half, events/s | vs 0 ms | loop lag p99 / max (ms) | window "
