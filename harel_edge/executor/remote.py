@@ -45,10 +45,11 @@ from harel_edge.settings import EdgeSettings
 
 log = structlog.get_logger("harel_edge.executor.remote")
 
+JSON_BODY = {"Content-Type": "application/json"}  # the body is encoded here (orjson), not by aiohttp
+
 # A pipeline of many commits is still small (a few KB a unit); sqld answers it in milliseconds.
 # `sock_read` bounds how long a unit may wait for an answer that never comes; `connect` includes
 # the wait for a free connection of the pool, `sock_connect` the TCP (and TLS) handshake alone.
-JSON_BODY = {"Content-Type": "application/json"}
 TIMEOUT = aiohttp.ClientTimeout(total=None, connect=30.0, sock_connect=5.0, sock_read=30.0)
 
 
