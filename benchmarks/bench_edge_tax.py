@@ -7,8 +7,9 @@ interleaved rounds (every latency of a profile, then the next round) and the med
 is reported, with each latency's rate as a share of the same profile's rate at 0 ms (over the
 whole drain, and over its middle half: the rate of a steady stream, without the window's ramp
 and the last executions' events that come one at a time), the loop's
-lag (p99 / worst), the window the worker ended with and the peak resident memory of the cell's
-process (each cell runs in a process of its own, as a worker does).
+lag (p99 / worst), the window the worker ended with, the peak resident memory of the cell's
+process (each cell runs in a process of its own, as a worker does) and the bytes the worker sent
+and received through the proxy an event (a replica's syncs included).
 
     .venv/bin/python benchmarks/bench_edge_tax.py
     .venv/bin/python benchmarks/bench_edge_tax.py --orders 150 --rounds 1 --rtts 0,100
@@ -59,6 +60,10 @@ def run_cell(profile: str, rtt: float, orders: int, timeout: float, max_in_fligh
             replica = str(Path(tmp) / "replica.db")
             settings = ExplicitSettings.load(profile="replica", db_path=replica, sync_url=proxy.url, **common)
         row = asyncio.run(run_edge(settings, direct, orders, timeout))
+        traffic = proxy.stats()
+    events = orders * 4
+    row["kb_up_per_event"] = round(traffic["bytes_up"] / events / 1024, 2)
+    row["kb_down_per_event"] = round(traffic["bytes_down"] / events / 1024, 2)
     row["window"] = int(observability.WINDOW.collect()[0].samples[0].value)
     row["rss_mb"] = round(peak_rss_mb(), 1)
     return row
@@ -100,9 +105,9 @@ def main() -> None:
     print(f"\nOne worker, demo statechart, {args.orders * 4} events, median of {args.rounds} rounds\n")
     print(
         "| profile | RTT (ms) | events/s | vs 0 ms | middle half, events/s | vs 0 ms | loop lag p99 / max (ms) | window "
-        "| peak RSS (MB) | all delivered |"
+        "| peak RSS (MB) | KB up / down an event | all delivered |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- | --- |")
     table = []
     for profile in profiles:
         at_0 = cells.get((profile, 0.0), [{"events_per_s": 0, "steady_per_s": 0}])
@@ -123,6 +128,8 @@ def main() -> None:
                 "lag_max_ms": max(r["lag_max_ms"] for r in rows),
                 "window": rows[-1]["window"],
                 "rss_mb": max(r["rss_mb"] for r in rows),
+                "kb_up_per_event": statistics.median(r["kb_up_per_event"] for r in rows),
+                "kb_down_per_event": statistics.median(r["kb_down_per_event"] for r in rows),
                 "all_delivered": all(r["all_delivered"] for r in rows),
             }
             table.append(summary)
@@ -131,7 +138,8 @@ def main() -> None:
             print(
                 f"| {profile} | {rtt:g} | {round(rate)} | {ratio} | {round(steady)} | {steady_ratio} | "
                 f"{summary['lag_p99_ms']} / {summary['lag_max_ms']} | "
-                f"{summary['window']} | {summary['rss_mb']} | {summary['all_delivered']} |"
+                f"{summary['window']} | {summary['rss_mb']} | {summary['kb_up_per_event']} / {summary['kb_down_per_event']} | "
+                f"{summary['all_delivered']} |"
             )
     if args.json:
         args.json.write_text(json.dumps(table, indent=2))
