@@ -244,8 +244,16 @@ class HranaExecutor(ClosesOnce):
             if paired:
                 results = await self.post([transaction_request(units[0].stmts, units[1].stmts[0])])
             elif grouped:
-                request, layout = grouped_batch([u.stmts for u in units])
-                results = await self.post([request])
+                requests, layout = grouped_batch([u.stmts for u in units])
+                results = await self.post(requests)
+                if any(stored.get("type") != "ok" for stored in results[:-1]):
+                    # Steps naming a text the primary did not store could not run; which ran is
+                    # for the caller's lookup to find, as after a lost answer.
+                    raise PrimaryUnavailableError(
+                        f"the primary at {self.where} refused to store a statement's text; the "
+                        "outcome of the transaction is unknown and is looked up before any retry"
+                    )
+                results = results[-1:]
             else:
                 results = await self.post([u.request() for u in units])
         except BaseException as exc:

@@ -1,0 +1,62 @@
+"""Units that share one transaction on a real sqld name the SQL texts they repeat by id
+(`store_sql`), within the number of texts sqld keeps a stream."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from harel_edge.executor import Stmt
+from harel_edge.executor.hrana import STORED_SQL_AT_MOST, UNIT_SAVEPOINT, grouped_batch
+from harel_edge.executor.remote import HranaExecutor
+from harel_edge.settings import ExplicitSettings
+
+pytestmark = pytest.mark.sqld
+
+
+def unit(text: int, key: int) -> list[Stmt]:
+    """Two inserts with one SQL text of their own (`text`), so the text repeats within a batch."""
+    sql = f"INSERT INTO grouped_rows (k, text) VALUES (?, {text})"
+    return [Stmt(sql, (key,)), Stmt(sql, (key + 1,))]
+
+
+def test_a_grouped_batch_stores_each_repeated_text_once_and_at_most_as_many_as_sqld_keeps() -> None:
+    requests, layout = grouped_batch([unit(text, 2 * text) for text in range(STORED_SQL_AT_MOST + 10)])
+    stored = [r for r in requests[:-1] if r["type"] == "store_sql"]
+    steps = [step["stmt"] for step in requests[-1]["batch"]["steps"]]
+    assert len(stored) == len(requests) - 1 == STORED_SQL_AT_MOST
+    assert len({r["sql"] for r in stored}) == len({r["sql_id"] for r in stored}) == STORED_SQL_AT_MOST
+    by_id = {r["sql_id"]: r["sql"] for r in stored}
+    # Every step names its text by a stored id or carries it, never both; the most repeated
+    # texts (the savepoint's, used by every unit) are among the stored ones.
+    assert all(("sql" in s) != ("sql_id" in s) for s in steps)
+    assert all(s["sql_id"] in by_id for s in steps if "sql_id" in s)
+    assert f"SAVEPOINT {UNIT_SAVEPOINT}" in by_id.values()
+    texts = [by_id.get(s.get("sql_id"), s.get("sql")) for s in steps]
+    assert sum(text.startswith("INSERT INTO grouped_rows") for text in texts) == 2 * (STORED_SQL_AT_MOST + 10)
+    assert len(layout) == STORED_SQL_AT_MOST + 10
+
+
+def test_units_sharing_a_transaction_with_more_repeated_texts_than_are_stored_all_commit(sqld_primary) -> None:
+    server = sqld_primary
+    settings = ExplicitSettings.load(profile="sqld", url=server.http_url, auth_token=server.rw_token, prefix="grouped")
+    texts = STORED_SQL_AT_MOST + 10
+
+    async def run() -> tuple[list, list, int]:
+        executor = HranaExecutor(settings, linger=0.05)  # long enough for every unit to join one batch
+        try:
+            await executor.execute(Stmt("CREATE TABLE IF NOT EXISTS grouped_rows (k INTEGER, text INTEGER)"))
+            await executor.execute(Stmt("DELETE FROM grouped_rows"))
+            exchanges = executor.exchanges
+            results = await asyncio.gather(*(executor.transaction(unit(text, 2 * text)) for text in range(texts)))
+            shared = executor.exchanges - exchanges
+            rows = (await executor.execute(Stmt("SELECT k, text FROM grouped_rows ORDER BY k"))).rows
+            return results, rows, shared
+        finally:
+            await executor.aclose()
+
+    results, rows, shared = asyncio.run(run())
+    assert shared <= 2, f"the units shared a grouped batch ({shared} exchanges for {texts} units)"
+    assert all([r.affected for r in result] == [1, 1] for result in results)
+    assert rows == [(key, key // 2) for key in range(2 * texts)]
