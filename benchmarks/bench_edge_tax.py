@@ -61,9 +61,8 @@ def run_cell(profile: str, rtt: float, orders: int, timeout: float, max_in_fligh
             settings = ExplicitSettings.load(profile="replica", db_path=replica, sync_url=proxy.url, **common)
         row = asyncio.run(run_edge(settings, direct, orders, timeout))
         traffic = proxy.stats()
-    events = orders * 4
-    row["kb_up_per_event"] = round(traffic["bytes_up"] / events / 1024, 2)
-    row["kb_down_per_event"] = round(traffic["bytes_down"] / events / 1024, 2)
+    row["kb_up_per_event"] = round(traffic["bytes_up"] / row["events"] / 1024, 2)
+    row["kb_down_per_event"] = round(traffic["bytes_down"] / row["events"] / 1024, 2)
     row["window"] = int(observability.WINDOW.collect()[0].samples[0].value)
     row["rss_mb"] = round(peak_rss_mb(), 1)
     return row

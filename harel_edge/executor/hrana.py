@@ -122,7 +122,7 @@ def grouped_batch(units: list[list[Stmt]]) -> tuple[list[dict[str, Any]], list[t
     """One Hrana batch running `units` in ONE transaction, a savepoint each: a unit whose
     statement fails is rolled back alone, the others commit together (one fsync on the primary).
     Returns the requests (`store_sql` for each SQL text used more than once, then the batch, whose
-    steps name those texts by id: a fifth fewer bytes on the wire) and, for each unit, the steps
+    steps name those texts by id: a sixth fewer bytes on the wire) and, for each unit, the steps
     of its savepoint and first statement."""
     steps: list[dict[str, Any]] = [{"stmt": stmt_json(Stmt("BEGIN IMMEDIATE"))}]
     layout = []

@@ -30,6 +30,7 @@ from harel.spec.states import Event
 from harel_edge import LibsqlTransport
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
+from harel_edge.testing import wait_until
 from harel_edge.testing.proxy import LatencyProxy
 
 COMMAND = str(Path(__import__("sys").executable).parent / "harel-edge")
@@ -144,10 +145,8 @@ def test_every_event_is_applied_exactly_once_in_order_while_workers_are_killed_a
         workers = [start(env, definitions, tmp_path) for env in envs]
         deadline = time.monotonic() + 300
 
-        def wait_for(what: str, condition) -> None:
-            while not condition():
-                assert time.monotonic() < deadline, f"timed out waiting for {what}"
-                time.sleep(0.02)
+        def wait_for(what: str, condition):  # noqa: ANN202 - what `condition` returned, truthy
+            return wait_until(condition, timeout=max(deadline - time.monotonic(), 0.1), interval=0.02, what=what)
 
         def let_events_through() -> None:
             """Open the gate until a few more events are processed, then shut it again."""
@@ -163,8 +162,7 @@ def test_every_event_is_applied_exactly_once_in_order_while_workers_are_killed_a
                 if action == "kill":
                     # The gate is shut: a worker that claimed events waits in a handler, holding leases.
                     assert still_queued() > 0, "the queue outlasts the faults (the gate lets few events through)"
-                    wait_for("a worker holding leases", holding)
-                    held = holding()
+                    held = wait_for("a worker holding leases", holding)
                     n = rng.choice(sorted(held))
                     held_at_kill += held[n]
                     workers[n].send_signal(signal.SIGKILL)
