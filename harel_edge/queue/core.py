@@ -147,6 +147,8 @@ class EventTransport(Settling, DeadLetters):
         keys = tuple(self._routing_keys if routing_keys is None else routing_keys)
         wanted = (worker_id, visibility, min_priority, keys)
         self._wanted = wanted
+        if self.prefetch:
+            await self._wait_for_carried_claims(wanted)
         if self._buffer and self._buffer_for == wanted:
             return self._buffer.popleft()
         # The free slots: leases held (buffered ones included) count against `concurrency`.
@@ -156,6 +158,13 @@ class EventTransport(Settling, DeadLetters):
             return None
         await self._stash(leases[1:], wanted)
         return leases[0]
+
+    async def _wait_for_carried_claims(self, wanted: tuple) -> None:
+        """With nothing buffered, wait for the claims commits carry before claiming alone: a
+        claim of its own would hold up the worker's next launch for a round trip while those
+        claims' leases arrive and wait in the buffer (half the time in flight at 100 ms)."""
+        while self._tails and not (self._buffer and self._buffer_for == wanted):
+            await asyncio.wait(list(self._tails), return_when=asyncio.FIRST_COMPLETED)
 
     async def _stash(self, leases: list[Lease], wanted: tuple) -> None:
         """Keep leases claimed ahead for the next `claim`s with the same arguments. A commit's

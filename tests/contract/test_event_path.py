@@ -283,3 +283,23 @@ def test_a_commit_carries_the_claim_of_the_slot_it_frees_while_leases_still_wait
             assert await transport.depth() == 7
 
     asyncio.run(main())
+
+
+def test_a_claim_with_nothing_buffered_takes_the_lease_a_commits_claim_brings_instead_of_claiming_alone(edge):
+    """Far from the primary a claim of its own would hold up the worker's next launch for a
+    round trip, while the commit's claim brought leases that then wait in the buffer."""
+
+    async def main():
+        async with event_path(edge.settings(), concurrency=1) as (plain, store):
+            transport = await claiming_transport(plain, store, 1, ("one",))
+            lease = await transport.claim("w", 30)
+            committing = asyncio.ensure_future(finish(transport, store, lease))
+            claiming = asyncio.ensure_future(transport.claim("w", 30))
+            await committing
+            second = await claiming
+            assert second is not None and second.group_id != lease.group_id
+            assert transport.buffered == 0, "the claim took the lease the commit's claim brought"
+            assert list(transport.held.values()) == [second], "and claimed nothing of its own"
+            assert await transport.depth() == 7
+
+    asyncio.run(main())
