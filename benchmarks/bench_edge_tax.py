@@ -127,8 +127,8 @@ def main() -> None:
                 "lag_max_ms": max(r["lag_max_ms"] for r in rows),
                 "window": rows[-1]["window"],
                 "rss_mb": max(r["rss_mb"] for r in rows),
-                "kb_up_per_event": statistics.median(r["kb_up_per_event"] for r in rows),
-                "kb_down_per_event": statistics.median(r["kb_down_per_event"] for r in rows),
+                "kb_up_per_event": round(statistics.median(r["kb_up_per_event"] for r in rows), 2),
+                "kb_down_per_event": round(statistics.median(r["kb_down_per_event"] for r in rows), 2),
                 "all_delivered": all(r["all_delivered"] for r in rows),
             }
             table.append(summary)

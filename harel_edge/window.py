@@ -1,8 +1,9 @@
 """How many statechart events one worker keeps in flight: enough to cover the link to the primary,
 and fewer once events start to queue (a slower primary, a busy loop), within a bound.
 
-The rule (docs/tuning.md): while events take at most TOLERANCE times the fastest latency seen
-lately, more in flight means more done; past it, events queue, and the window gives some back.
+The rule (docs/tuning.md): it starts at its bound (a far primary needs it all from the first
+round trip), and while events take at most TOLERANCE times the fastest latency seen lately, more
+in flight means more done; past it, events queue, and the window gives some back.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-INITIAL = 64  # events in flight before anything was measured: the floor
 MINIMUM = 64  # below it, commits share exchanges and fsyncs poorly: a worker next to its primary lost 17 % (docs/tuning.md)
 BASE_PERIOD = 10.0  # seconds the fastest latency seen counts as the link's own, before it is measured again
 SMOOTHING = 0.1  # weight of each new latency in the running one
@@ -30,7 +30,7 @@ class InFlightWindow:
         maximum: int,
         *,
         visibility: float = 30.0,
-        initial: int = INITIAL,
+        initial: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if maximum < 1:
@@ -38,7 +38,10 @@ class InFlightWindow:
         self.maximum = maximum
         self.minimum = min(MINIMUM, maximum)
         self.visibility = visibility
-        self._size = float(min(max(initial, self.minimum), maximum))
+        # Before anything is measured, the bound: growing from the floor took three round trips,
+        # a fifth of a short drain's time at 100 ms (docs/tuning.md).
+        start = maximum if initial is None else initial
+        self._size = float(min(max(start, self.minimum), maximum))
         self._clock = clock
         self._latency: float | None = None  # smoothed latency of the last events
         self._lows: deque[tuple[float, float]] = deque()  # (when, latency): the rolling minimum

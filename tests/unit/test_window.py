@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from harel_edge.observability import watch_window
-from harel_edge.window import INITIAL, MINIMUM, SLACK, TOLERANCE, InFlightWindow
+from harel_edge.window import MINIMUM, SLACK, TOLERANCE, InFlightWindow
 
 
 class Clock:
@@ -23,16 +23,22 @@ def settle(window: InFlightWindow, clock: Clock, latency: float, events: int, *,
         window.settled(latency, window.size if full else 1)
 
 
+def test_a_window_starts_at_its_bound_since_a_far_primary_needs_it_all_from_the_first_round_trip() -> None:
+    assert InFlightWindow(512).size == 512
+    assert InFlightWindow(512, initial=8).size == MINIMUM, "never below the floor"
+    assert InFlightWindow(16).size == 16, "a bound under the floor is the floor"
+
+
 def test_a_window_on_a_slow_link_grows_while_every_event_takes_only_the_link_s_time() -> None:
     clock = Clock()
-    window = InFlightWindow(256, clock=clock)
+    window = InFlightWindow(256, initial=MINIMUM, clock=clock)
     settle(window, clock, 0.100, 500)
     assert window.size == 256, "latency flat at the link's: more in flight only adds throughput"
 
 
 def test_a_window_stops_growing_once_events_queue_and_settles_near_what_the_work_needs() -> None:
     clock = Clock()
-    window = InFlightWindow(512, clock=clock)
+    window = InFlightWindow(512, initial=MINIMUM, clock=clock)
     settle(window, clock, 0.010, 10)  # the fastest an event goes: the base
     # A worker whose work takes 0.1 ms of CPU each: every event beyond 100 in flight waits its turn.
     for _ in range(5000):
@@ -53,7 +59,7 @@ def test_a_window_never_shrinks_below_what_keeps_commits_shared() -> None:
 
 def test_a_window_shrinks_when_the_primary_slows_down() -> None:
     clock = Clock()
-    window = InFlightWindow(256, clock=clock)
+    window = InFlightWindow(256, initial=MINIMUM, clock=clock)
     settle(window, clock, 0.020, 300)
     grown = window.size
     settle(window, clock, 0.080, 300)  # the primary answers four times slower
@@ -62,9 +68,9 @@ def test_a_window_shrinks_when_the_primary_slows_down() -> None:
 
 def test_an_idle_worker_keeps_the_window_it_has() -> None:
     clock = Clock()
-    window = InFlightWindow(256, clock=clock)
+    window = InFlightWindow(256, initial=100, clock=clock)
     settle(window, clock, 0.020, 500, full=False)
-    assert window.size == INITIAL, "only a full window says more would help"
+    assert window.size == 100, "only a full window says more would help"
 
 
 def test_a_latency_near_the_lease_halves_the_window_so_no_lease_lapses_while_it_waits() -> None:
@@ -97,8 +103,8 @@ def test_the_base_latency_is_measured_again_after_its_period() -> None:
 
 def test_a_window_whose_events_start_and_end_in_bursts_doubles_each_round_trip() -> None:
     clock = Clock()
-    window = InFlightWindow(256, clock=clock)
-    for expected in (2 * INITIAL, 4 * INITIAL):
+    window = InFlightWindow(256, initial=MINIMUM, clock=clock)
+    for expected in (2 * MINIMUM, 4 * MINIMUM):
         burst = window.size
         for in_flight in range(1, burst + 1):  # one claim's answer: every event starts at once
             window.launched(in_flight)
@@ -112,10 +118,10 @@ def test_the_window_and_its_latencies_are_published_as_the_gauges_read_when_scra
     clock = Clock()
     window = InFlightWindow(256, clock=clock)
     watch_window(window)
-    assert REGISTRY.get_sample_value("harel_edge_window_events") == window.size == INITIAL
+    assert REGISTRY.get_sample_value("harel_edge_window_events") == window.size == 256
     settle(window, clock, 0.020, 3)
-    settle(window, clock, 0.050, 200)
-    assert REGISTRY.get_sample_value("harel_edge_window_events") == window.size != INITIAL
+    settle(window, clock, 0.080, 200)
+    assert REGISTRY.get_sample_value("harel_edge_window_events") == window.size < 256
     recent = REGISTRY.get_sample_value("harel_edge_event_latency_seconds", {"kind": "recent"})
     base = REGISTRY.get_sample_value("harel_edge_event_latency_seconds", {"kind": "base"})
     assert (recent, base) == (window.latency, window.base)
