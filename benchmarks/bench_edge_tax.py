@@ -13,15 +13,19 @@ and received through the proxy an event (a replica's syncs included).
 
     .venv/bin/python benchmarks/bench_edge_tax.py
     .venv/bin/python benchmarks/bench_edge_tax.py --orders 150 --rounds 1 --rtts 0,100
+    HAREL_EDGE_SQLD_BACKEND=binary .venv/bin/python benchmarks/bench_edge_tax.py --pin
 
-Compare rows of one run: the machine is shared and noisy.
+`--pin` gives the worker a core of its own, as a primary on another machine would. Compare rows
+of one run: the machine is shared and noisy.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -42,16 +46,39 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_cell(profile: str, rtt: float, orders: int, timeout: float, max_in_flight: int | None) -> dict:
+@contextlib.contextmanager
+def cores_apart(enabled: bool):  # noqa: ANN201
+    """With `enabled`, what starts inside (the primary, the proxy) runs on every core but the
+    first, and this process (the worker) on the first once `worker_core()` is called: a primary on
+    another machine does not take the worker's CPU, and on a shared one it preempts the worker."""
+    if not enabled:
+        yield lambda: None
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit(f"--pin needs at least 2 cores; this process may use {len(cores)}")
+    if os.environ.get("HAREL_EDGE_SQLD_BACKEND") != "binary":
+        raise SystemExit("--pin pins sqld by inheritance: run it with HAREL_EDGE_SQLD_BACKEND=binary")
+
+    def worker_core() -> None:
+        for thread in os.listdir("/proc/self/task"):  # threads made later inherit the core
+            os.sched_setaffinity(int(thread), cores[:1])
+
+    os.sched_setaffinity(0, cores[1:])  # the children started next inherit it
+    yield worker_core
+
+
+def run_cell(profile: str, rtt: float, orders: int, timeout: float, max_in_flight: int | None, pin: bool = False) -> dict:
     """One cell in this process, as a worker process runs: its own primary, proxy and window."""
     tune_garbage_collector()  # as a worker process does (`serve`)
     logs.configure_logging(level="warning", stream=sys.stderr)
     common = {"prefix": "tax", "worker_id": "tax"}
     if max_in_flight:
         common["max_in_flight"] = max_in_flight
-    with tempfile.TemporaryDirectory() as tmp, start_sqld_primary() as server, LatencyProxy(
+    with cores_apart(pin) as worker_core, tempfile.TemporaryDirectory() as tmp, start_sqld_primary() as server, LatencyProxy(
         server.http_port, delay=rtt / 2000
     ) as proxy:
+        worker_core()
         common["auth_token"] = server.rw_token
         direct = ExplicitSettings.load(profile="sqld", url=server.http_url, **common)
         if profile == "sqld":
@@ -78,12 +105,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--max-in-flight", type=int, help="HAREL_EDGE_MAX_IN_FLIGHT of the worker (default: the setting's)")
+    parser.add_argument(
+        "--pin", action="store_true",
+        help="the worker on the first core, the primary and the proxy on the others (needs the sqld binary)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--cell", help=argparse.SUPPRESS)  # "profile,rtt": run one cell, print its row as JSON
     args = parser.parse_args()
     if args.cell:
         profile, rtt = args.cell.split(",")
-        print(json.dumps(run_cell(profile, float(rtt), args.orders, args.timeout, args.max_in_flight)))
+        print(json.dumps(run_cell(profile, float(rtt), args.orders, args.timeout, args.max_in_flight, args.pin)))
         return
     profiles, rtts = args.profiles.split(","), [float(x) for x in args.rtts.split(",")]
     cells: dict[tuple[str, float], list[dict]] = {}
@@ -97,11 +128,14 @@ def main() -> None:
                            "--timeout", str(args.timeout)]
                 if args.max_in_flight:
                     command += ["--max-in-flight", str(args.max_in_flight)]
+                if args.pin:
+                    command.append("--pin")
                 done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
                 row = json.loads(done.stdout.strip().splitlines()[-1])
                 cells.setdefault((profile, rtt), []).append(row)
                 print(f"{profile} {rtt:g} ms: {row}", file=sys.stderr)
-    print(f"\nOne worker, demo statechart, {args.orders * 4} events, median of {args.rounds} rounds\n")
+    cores = "the worker on a core of its own, the primary and the proxy on the others" if args.pin else "all on every core"
+    print(f"\nOne worker, demo statechart, {args.orders * 4} events, median of {args.rounds} rounds, {cores}\n")
     print(
         "| profile | RTT (ms) | events/s | vs 0 ms | middle half, events/s | vs 0 ms | loop lag p99 / max (ms) | window "
         "| peak RSS (MB) | KB up / down an event | all delivered |"
