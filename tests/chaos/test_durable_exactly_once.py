@@ -306,12 +306,12 @@ def run_chaos(
 
 
 def start_primary():  # noqa: ANN201
-    """A sqld primary (auth on) on loopback ports in the range this project's tests may use."""
+    """A sqld primary (auth on) on loopback; its port stays its own while it is killed (docs/testing.md)."""
     from harel_edge.testing import SqldStartError, SqldUnavailable, start_sqld_primary
     from harel_edge.testing.fixtures import sqld_unavailable
 
     try:
-        return start_sqld_primary(port_range=(18250, 18299))
+        return start_sqld_primary()
     except (SqldUnavailable, SqldStartError, ImportError) as exc:
         sqld_unavailable(str(exc))
 

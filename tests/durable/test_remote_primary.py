@@ -26,9 +26,9 @@ pytestmark = pytest.mark.sqld
 
 
 def start_primary() -> SqldServer:
-    """A sqld primary with authentication on, on loopback ports in the project's range."""
+    """A sqld primary with authentication on, on loopback."""
     try:
-        return start_sqld_primary(port_range=(18210, 18299))
+        return start_sqld_primary()
     except (SqldUnavailable, SqldStartError, ImportError) as exc:
         sqld_unavailable(str(exc))
 

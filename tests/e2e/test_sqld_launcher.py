@@ -265,6 +265,19 @@ def test_a_killed_primary_restarts_on_the_same_port_with_its_committed_data(
     assert _connect(primary).execute("SELECT n FROM durable").fetchall() == [(42,)]
 
 
+def test_a_primary_started_while_another_is_killed_takes_none_of_its_ports(
+    primary: SqldServer, sqld_backend: str
+) -> None:
+    primary.kill()
+    other = start_sqld_primary(backend=sqld_backend)
+    try:
+        assert {other.http_port, other.grpc_port}.isdisjoint({primary.http_port, primary.grpc_port})
+        primary.restart()
+        assert primary.healthy() and other.healthy()
+    finally:
+        other.close()
+
+
 def test_a_paused_primary_does_not_answer_until_it_is_resumed(primary: SqldServer) -> None:
     primary.pause()
     try:

@@ -31,17 +31,19 @@ from harel_edge.testing.sqld.processes import (
     _reap_leftover_processes_and_dirs,
 )
 from harel_edge.testing.sqld.processes import _pid_alive as _pid_alive  # tests/e2e/test_compose.py
-from harel_edge.testing.sqld.server import LOOPBACK, Role, SqldServer, SqldStartError, wait_until
+from harel_edge.testing.sqld.server import _LIVE, LOOPBACK, Role, SqldServer, SqldStartError, wait_until
 
 __all__ = [
     "CHECKPOINT_INTERVAL_S",
     "DEFAULT_IMAGE",
+    "LAUNCHER_PORTS",
     "SqldServer",
     "SqldStartError",
     "SqldUnavailable",
     "backend_unavailable_reason",
     "choose_backend",
     "find_sqld_binary",
+    "launcher_ports",
     "sqld_image",
     "start_sqld_primary",
     "start_sqld_replica_node",
@@ -49,20 +51,30 @@ __all__ = [
 ]
 
 
-def _free_port(port_range: tuple[int, int] | None = None, *, avoid: int | None = None) -> int:
-    """A port free on 127.0.0.1 right now: the kernel's pick (binding port 0), or one of
-    `port_range` (inclusive), tried in random order so that two test processes picking from one
-    range at once rarely pick the same port (and when they do, the launcher tries again).
-    """
-    if port_range is None:
-        while True:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind((LOOPBACK, 0))
-                port = sock.getsockname()[1]
-            if port != avoid:
-                return port
-    low, high = port_range
-    candidates = [port for port in range(low, high + 1) if port != avoid]
+# The launcher's ports lie below the kernel's ephemeral range (32768-60999 on Linux), so no
+# outgoing connection takes a killed server's port before it restarts there, and each
+# pytest-xdist worker picks from a slice of its own, so no other worker starts a server there.
+LAUNCHER_PORTS = (18200, 19999)
+
+
+def launcher_ports() -> tuple[int, int]:
+    """This process's slice of `LAUNCHER_PORTS` (inclusive): all of it outside pytest-xdist."""
+    low, high = LAUNCHER_PORTS
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if count <= 1 or not worker.startswith("gw") or not worker[2:].isdigit():
+        return low, high
+    size = (high - low + 1) // count
+    index = int(worker[2:]) % count
+    return low + index * size, low + (index + 1) * size - 1
+
+
+def _free_port(avoid: set[int]) -> int:
+    """A port of this process's slice that is free on 127.0.0.1 now and held by none of its
+    servers (a killed one keeps its port for its restart), tried in random order."""
+    low, high = launcher_ports()
+    taken = avoid | {port for server in list(_LIVE) for port in (server.http_port, server.grpc_port)}
+    candidates = [port for port in range(low, high + 1) if port not in taken]
     random.shuffle(candidates)
     for port in candidates:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -95,7 +107,6 @@ def _launch(
     work_dir: str | os.PathLike[str] | None,
     http_port: int | None,
     grpc_port: int | None,
-    port_range: tuple[int, int] | None,
     primary: SqldServer | None,
     extra_args: list[str],
     startup_timeout: float,
@@ -123,17 +134,16 @@ def _launch(
 
     # Paths as sqld sees them: the same on the host, under /var/lib/sqld in a container.
     inside = Path(CONTAINER_WORK_DIR) if chosen == "docker" else work
-    # A port picked by binding port 0 can be taken by someone else before sqld binds it;
-    # when we picked it, try again with new ports rather than fail the test.
-    # Test processes running side by side (pytest-xdist) make that race likelier: five tries.
+    # A port found free can be taken by another program before sqld binds it; when we picked
+    # it, try again with new ports rather than fail the test: five tries.
     attempts = 1 if http_port is not None else 5
     last_error: SqldStartError | None = None
     for _attempt in range(attempts):
         with _PORT_LOCK:
-            port = http_port or _free_port(port_range)
+            port = http_port or _free_port(set())
             gport = None
             if role == "primary":
-                gport = grpc_port or _free_port(port_range, avoid=port)
+                gport = grpc_port or _free_port({port})
         # The same settings as flags (binary) or as the env vars sqld reads for them (docker).
         settings = {
             "--db-path": ("SQLD_DB_PATH", str(inside / "data.sqld")),
@@ -203,7 +213,6 @@ def start_sqld_primary(
     work_dir: str | os.PathLike[str] | None = None,
     http_port: int | None = None,
     grpc_port: int | None = None,
-    port_range: tuple[int, int] | None = None,
     extra_args: list[str] | tuple[str, ...] = (),
     startup_timeout: float = 30.0,
     checkpoint_interval_s: int | None = CHECKPOINT_INTERVAL_S,
@@ -215,7 +224,7 @@ def start_sqld_primary(
     """
     return _launch(
         role="primary", backend=backend, image=image, binary=binary, auth=auth, keys=keys, key_format=key_format,
-        work_dir=work_dir, http_port=http_port, grpc_port=grpc_port, port_range=port_range, primary=None,
+        work_dir=work_dir, http_port=http_port, grpc_port=grpc_port, primary=None,
         extra_args=list(extra_args), startup_timeout=startup_timeout, checkpoint_interval_s=checkpoint_interval_s,
     )
 
@@ -228,7 +237,6 @@ def start_sqld_replica_node(
     binary: str | os.PathLike[str] | None = None,
     work_dir: str | os.PathLike[str] | None = None,
     http_port: int | None = None,
-    port_range: tuple[int, int] | None = None,
     extra_args: list[str] | tuple[str, ...] = (),
     startup_timeout: float = 30.0,
 ) -> SqldServer:
@@ -239,6 +247,6 @@ def start_sqld_replica_node(
     return _launch(
         role="replica", backend=backend or primary.backend, image=image, binary=binary,
         auth=primary.keys is not None, keys=primary.keys, key_format="pem", work_dir=work_dir,
-        http_port=http_port, grpc_port=None, port_range=port_range, primary=primary,
+        http_port=http_port, grpc_port=None, primary=primary,
         extra_args=list(extra_args), startup_timeout=startup_timeout,
     )
