@@ -118,43 +118,49 @@ def _all(*conds: dict[str, Any]) -> dict[str, Any]:
     return {"type": "and", "conds": list(conds)}
 
 
+# The texts every unit of a grouped batch repeats, stored under the same ids in each batch.
+_FRAMING = (f"SAVEPOINT {UNIT_SAVEPOINT}", f"RELEASE {UNIT_SAVEPOINT}", f"ROLLBACK TO {UNIT_SAVEPOINT}")
+_SAVEPOINT_ID, _RELEASE_ID, _ROLLBACK_TO_ID = 1, 2, 3
+
+
 def grouped_batch(units: list[list[Stmt]]) -> tuple[list[dict[str, Any]], list[tuple[int, int]]]:
     """One Hrana batch running `units` in ONE transaction, a savepoint each: a unit whose
     statement fails is rolled back alone, the others commit together (one fsync on the primary).
     Returns the requests (`store_sql` for each SQL text used more than once, then the batch, whose
     steps name those texts by id: a sixth fewer bytes on the wire) and, for each unit, the steps
     of its savepoint and first statement."""
+    repeated = Counter(stmt.sql for stmts in units for stmt in stmts).most_common(STORED_SQL_AT_MOST - len(_FRAMING))
+    ids = {sql: n for n, (sql, uses) in enumerate(repeated, start=len(_FRAMING) + 1) if uses > 1}
+
+    def named(stmt: Stmt) -> dict[str, Any]:
+        sql_id = ids.get(stmt.sql)
+        if sql_id is None:
+            return stmt_json(stmt)
+        return {"sql_id": sql_id, "args": [encode(v) for v in stmt.args], "want_rows": True}
+
+    def framing(sql_id: int) -> dict[str, Any]:
+        return {"sql_id": sql_id, "args": [], "want_rows": True}
+
     steps: list[dict[str, Any]] = [{"stmt": stmt_json(Stmt("BEGIN IMMEDIATE"))}]
     layout = []
     for stmts in units:
         savepoint = len(steps)
-        steps.append({"stmt": stmt_json(Stmt(f"SAVEPOINT {UNIT_SAVEPOINT}")), "condition": IN_TRANSACTION})
+        steps.append({"stmt": framing(_SAVEPOINT_ID), "condition": IN_TRANSACTION})
         layout.append((savepoint, savepoint + 1))
         for stmt in stmts:
-            steps.append({"stmt": stmt_json(stmt), "condition": _all(_ok(len(steps) - 1), IN_TRANSACTION)})
+            steps.append({"stmt": named(stmt), "condition": _all(_ok(len(steps) - 1), IN_TRANSACTION)})
         last = len(steps) - 1
-        steps.append({"stmt": stmt_json(Stmt(f"RELEASE {UNIT_SAVEPOINT}")), "condition": _all(_ok(last), IN_TRANSACTION)})
+        steps.append({"stmt": framing(_RELEASE_ID), "condition": _all(_ok(last), IN_TRANSACTION)})
         undo = len(steps)
         failed = {"type": "not", "cond": _ok(last)}
-        steps.append({"stmt": stmt_json(Stmt(f"ROLLBACK TO {UNIT_SAVEPOINT}")), "condition": _all(failed, _ok(savepoint), IN_TRANSACTION)})
-        steps.append({"stmt": stmt_json(Stmt(f"RELEASE {UNIT_SAVEPOINT}")), "condition": _ok(undo)})
+        steps.append({"stmt": framing(_ROLLBACK_TO_ID), "condition": _all(failed, _ok(savepoint), IN_TRANSACTION)})
+        steps.append({"stmt": framing(_RELEASE_ID), "condition": _ok(undo)})
     commit = len(steps)
     steps.append({"stmt": stmt_json(Stmt("COMMIT")), "condition": IN_TRANSACTION})
     steps.append({"stmt": stmt_json(Stmt("ROLLBACK")), "condition": _all({"type": "not", "cond": _ok(commit)}, IN_TRANSACTION)})
-    return [*_stored_sql([step["stmt"] for step in steps]), {"type": "batch", "batch": {"steps": steps}}], layout
-
-
-def _stored_sql(stmts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The `store_sql` requests for the texts `stmts` repeat (the most repeated first, at most
-    STORED_SQL_AT_MOST), each statement that uses one switched to its `sql_id`."""
-    repeated = [sql for sql, uses in Counter(stmt["sql"] for stmt in stmts).most_common(STORED_SQL_AT_MOST) if uses > 1]
-    ids = {sql: n for n, sql in enumerate(repeated, start=1)}
-    for stmt in stmts:
-        sql_id = ids.get(stmt["sql"])
-        if sql_id is not None:
-            del stmt["sql"]
-            stmt["sql_id"] = sql_id
-    return [{"type": "store_sql", "sql_id": n, "sql": sql} for sql, n in ids.items()]
+    stored = [*enumerate(_FRAMING, start=1), *((n, sql) for sql, n in ids.items())]
+    requests = [{"type": "store_sql", "sql_id": n, "sql": sql} for n, sql in stored]
+    return [*requests, {"type": "batch", "batch": {"steps": steps}}], layout
 
 
 def grouped_outcomes(

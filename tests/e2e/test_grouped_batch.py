@@ -9,7 +9,7 @@ import pytest
 
 from harel_edge.executor import Stmt
 from harel_edge.executor.hrana import STORED_SQL_AT_MOST, UNIT_SAVEPOINT, grouped_batch
-from harel_edge.executor.remote import HranaExecutor
+from harel_edge.executor.remote import SETTLE_SLICE, HranaExecutor
 from harel_edge.settings import ExplicitSettings
 
 pytestmark = pytest.mark.sqld
@@ -60,3 +60,48 @@ def test_units_sharing_a_transaction_with_more_repeated_texts_than_are_stored_al
     assert shared <= 2, f"the units shared a grouped batch ({shared} exchanges for {texts} units)"
     assert all([r.affected for r in result] == [1, 1] for result in results)
     assert rows == [(key, key // 2) for key in range(2 * texts)]
+
+
+def test_a_shared_answer_wakes_the_carried_claim_first_and_its_other_callers_over_several_turns(sqld_primary) -> None:
+    server = sqld_primary
+    settings = ExplicitSettings.load(profile="sqld", url=server.http_url, auth_token=server.rw_token, prefix="grouped")
+    writers = 3 * SETTLE_SLICE
+
+    async def run() -> tuple[dict, int, int]:
+        executor = HranaExecutor(settings, linger=0.05)  # long enough for every unit to join one batch
+        turn, woke, counted = 0, {}, {}
+        stop = asyncio.Event()
+
+        async def count_turns() -> None:  # one increment a turn of the loop
+            nonlocal turn
+            while not stop.is_set():
+                await asyncio.sleep(0)
+                turn += 1
+
+        async def write(k: int) -> None:
+            await executor.transaction([Stmt("INSERT INTO settled_rows (k) VALUES (?)", (k,))])
+            woke[k] = turn
+
+        async def claim() -> None:
+            result = await executor.deferred(lambda: [Stmt("SELECT count(*) FROM settled_rows")])
+            woke["claim"], counted["rows"] = turn, result[0].rows[0][0]
+
+        try:
+            await executor.execute(Stmt("CREATE TABLE IF NOT EXISTS settled_rows (k INTEGER)"))
+            await executor.execute(Stmt("DELETE FROM settled_rows"))
+            ticker = asyncio.create_task(count_turns())
+            exchanges = executor.exchanges
+            await asyncio.gather(*(write(k) for k in range(writers)), claim())
+            shared = executor.exchanges - exchanges
+            stop.set()
+            await ticker
+            return woke, counted["rows"], shared
+        finally:
+            await executor.aclose()
+
+    woke, rows_seen_by_claim, shared = asyncio.run(run())
+    assert shared == 1, f"every unit was meant to share one exchange, {shared} were sent"
+    assert rows_seen_by_claim == writers  # the claim ran after the others, in their transaction
+    writer_turns = [woke[k] for k in range(writers)]
+    assert woke["claim"] <= min(writer_turns)
+    assert len(set(writer_turns)) >= 3, f"{writers} callers woke in turns {sorted(set(writer_turns))}"
