@@ -7,6 +7,8 @@ import base64
 from collections import Counter
 from typing import Any
 
+import orjson
+
 from harel_edge.executor import Result, StatementError, Stmt, Value
 
 STREAM_PIPELINE = "/v3/pipeline"
@@ -123,12 +125,13 @@ _FRAMING = (f"SAVEPOINT {UNIT_SAVEPOINT}", f"RELEASE {UNIT_SAVEPOINT}", f"ROLLBA
 _SAVEPOINT_ID, _RELEASE_ID, _ROLLBACK_TO_ID = 1, 2, 3
 
 
-def grouped_batch(units: list[list[Stmt]]) -> tuple[list[dict[str, Any]], list[tuple[int, int]]]:
+def grouped_batch(units: list[list[Stmt]]) -> tuple[list[bytes], list[tuple[int, int]]]:
     """One Hrana batch running `units` in ONE transaction, a savepoint each: a unit whose
     statement fails is rolled back alone, the others commit together (one fsync on the primary).
-    Returns the requests (`store_sql` for each SQL text used more than once, then the batch, whose
-    steps name those texts by id: a sixth fewer bytes on the wire) and, for each unit, the steps
-    of its savepoint and first statement."""
+    Returns the requests' JSON (`store_sql` for each SQL text used more than once, then the batch,
+    whose steps name those texts by id: a sixth fewer bytes on the wire) and, for each unit, the
+    steps of its savepoint and first statement. Each unit's steps are encoded as they are made: a
+    batch of 128 units held as dicts is thousands of objects for the garbage collector to go through."""
     repeated = Counter(stmt.sql for stmts in units for stmt in stmts).most_common(STORED_SQL_AT_MOST - len(_FRAMING))
     ids = {sql: n for n, (sql, uses) in enumerate(repeated, start=len(_FRAMING) + 1) if uses > 1}
 
@@ -141,26 +144,32 @@ def grouped_batch(units: list[list[Stmt]]) -> tuple[list[dict[str, Any]], list[t
     def framing(sql_id: int) -> dict[str, Any]:
         return {"sql_id": sql_id, "args": [], "want_rows": True}
 
-    steps: list[dict[str, Any]] = [{"stmt": stmt_json(Stmt("BEGIN IMMEDIATE"))}]
+    parts = [orjson.dumps({"stmt": stmt_json(Stmt("BEGIN IMMEDIATE"))})]
+    n = 1  # steps so far
     layout = []
     for stmts in units:
-        savepoint = len(steps)
-        steps.append({"stmt": framing(_SAVEPOINT_ID), "condition": IN_TRANSACTION})
+        savepoint = n
         layout.append((savepoint, savepoint + 1))
+        steps: list[dict[str, Any]] = [{"stmt": framing(_SAVEPOINT_ID), "condition": IN_TRANSACTION}]
         for stmt in stmts:
-            steps.append({"stmt": named(stmt), "condition": _all(_ok(len(steps) - 1), IN_TRANSACTION)})
-        last = len(steps) - 1
+            steps.append({"stmt": named(stmt), "condition": _all(_ok(n + len(steps) - 1), IN_TRANSACTION)})
+        last = n + len(steps) - 1
         steps.append({"stmt": framing(_RELEASE_ID), "condition": _all(_ok(last), IN_TRANSACTION)})
-        undo = len(steps)
+        undo = n + len(steps)
         failed = {"type": "not", "cond": _ok(last)}
         steps.append({"stmt": framing(_ROLLBACK_TO_ID), "condition": _all(failed, _ok(savepoint), IN_TRANSACTION)})
         steps.append({"stmt": framing(_RELEASE_ID), "condition": _ok(undo)})
-    commit = len(steps)
-    steps.append({"stmt": stmt_json(Stmt("COMMIT")), "condition": IN_TRANSACTION})
-    steps.append({"stmt": stmt_json(Stmt("ROLLBACK")), "condition": _all({"type": "not", "cond": _ok(commit)}, IN_TRANSACTION)})
+        n += len(steps)
+        parts.append(orjson.dumps(steps)[1:-1])  # the unit's steps, without the list's brackets
+    commit = n
+    parts.append(orjson.dumps([
+        {"stmt": stmt_json(Stmt("COMMIT")), "condition": IN_TRANSACTION},
+        {"stmt": stmt_json(Stmt("ROLLBACK")), "condition": _all({"type": "not", "cond": _ok(commit)}, IN_TRANSACTION)},
+    ])[1:-1])
     stored = [*enumerate(_FRAMING, start=1), *((n, sql) for sql, n in ids.items())]
-    requests = [{"type": "store_sql", "sql_id": n, "sql": sql} for n, sql in stored]
-    return [*requests, {"type": "batch", "batch": {"steps": steps}}], layout
+    requests = [orjson.dumps({"type": "store_sql", "sql_id": n, "sql": sql}) for n, sql in stored]
+    batch = b'{"type":"batch","batch":{"steps":[' + b",".join(parts) + b"]}}"
+    return [*requests, batch], layout
 
 
 def grouped_outcomes(

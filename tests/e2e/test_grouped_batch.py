@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
 import pytest
 
 from harel_edge.executor import Stmt
@@ -22,7 +23,8 @@ def unit(text: int, key: int) -> list[Stmt]:
 
 
 def test_a_grouped_batch_stores_each_repeated_text_once_and_at_most_as_many_as_sqld_keeps() -> None:
-    requests, layout = grouped_batch([unit(text, 2 * text) for text in range(STORED_SQL_AT_MOST + 10)])
+    encoded, layout = grouped_batch([unit(text, 2 * text) for text in range(STORED_SQL_AT_MOST + 10)])
+    requests = [orjson.loads(request) for request in encoded]
     stored = [r for r in requests[:-1] if r["type"] == "store_sql"]
     steps = [step["stmt"] for step in requests[-1]["batch"]["steps"]]
     assert len(stored) == len(requests) - 1 == STORED_SQL_AT_MOST
