@@ -115,7 +115,7 @@ class EdgeSettings(BaseSettings):
     )
     visibility: float = Field(default=30.0, description="Seconds a claimed message stays leased.")
     max_in_flight: int = Field(
-        default=512,
+        default=1024,
         description="Most statechart events one worker process keeps in flight: its window follows "
         "the link to the primary up to this.",
     )

@@ -134,7 +134,7 @@ def worker(
         "--max-in-flight",
         min=1,
         metavar="N",
-        help="Most statechart events in flight per process (HAREL_EDGE_MAX_IN_FLIGHT, default 512).",
+        help="Most statechart events in flight per process (HAREL_EDGE_MAX_IN_FLIGHT, default 1024).",
     ),
     max_workflow_passes: int | None = typer.Option(
         None,

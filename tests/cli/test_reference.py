@@ -34,3 +34,12 @@ def test_every_command_is_in_the_reference():
     listed = {p[0] for p in command_paths() if p}
     visible = {name for name, command in group.commands.items() if not command.hidden}
     assert listed == visible
+
+
+@pytest.mark.parametrize("field", ["max_in_flight", "max_workflow_passes"])
+def test_the_worker_help_names_the_defaults_the_settings_have(field):
+    from harel_edge.settings import EdgeSettings
+
+    variable = f"HAREL_EDGE_{field.upper()}"
+    default = EdgeSettings.model_fields[field].default
+    assert f"{variable}, default {default})" in " ".join(help_text(("worker",)).split())
