@@ -9,7 +9,7 @@ import asyncio
 import math
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -410,8 +410,8 @@ class HranaExecutor(ClosesOnce):
 @dataclass(frozen=True)
 class _Body:
     url: str
-    data: bytes
-    requests: int  # how many results the answer must hold
+    data: bytes = field(repr=False)  # the statements' arguments: an application's data
+    requests: int = 0  # how many results the answer must hold
 
 
 def _status_error(where: str, status: int, text: str) -> Exception:
