@@ -122,7 +122,7 @@ def _all(*conds: dict[str, Any]) -> dict[str, Any]:
 
 # The texts every unit of a grouped batch repeats, stored under the same ids in each batch.
 _FRAMING = (f"SAVEPOINT {UNIT_SAVEPOINT}", f"RELEASE {UNIT_SAVEPOINT}", f"ROLLBACK TO {UNIT_SAVEPOINT}")
-_SAVEPOINT_ID, _RELEASE_ID, _ROLLBACK_TO_ID = 1, 2, 3
+_SAVEPOINT_ID, _RELEASE_ID, _ROLLBACK_TO_ID = range(1, len(_FRAMING) + 1)
 
 
 def grouped_batch(units: list[list[Stmt]]) -> tuple[list[bytes], list[tuple[int, int]]]:
@@ -145,29 +145,29 @@ def grouped_batch(units: list[list[Stmt]]) -> tuple[list[bytes], list[tuple[int,
         return {"sql_id": sql_id, "args": [], "want_rows": True}
 
     parts = [orjson.dumps({"stmt": stmt_json(Stmt("BEGIN IMMEDIATE"))})]
-    n = 1  # steps so far
+    made = 1  # steps so far
     layout = []
     for stmts in units:
-        savepoint = n
+        savepoint = made
         layout.append((savepoint, savepoint + 1))
         steps: list[dict[str, Any]] = [{"stmt": framing(_SAVEPOINT_ID), "condition": IN_TRANSACTION}]
         for stmt in stmts:
-            steps.append({"stmt": named(stmt), "condition": _all(_ok(n + len(steps) - 1), IN_TRANSACTION)})
-        last = n + len(steps) - 1
+            steps.append({"stmt": named(stmt), "condition": _all(_ok(made + len(steps) - 1), IN_TRANSACTION)})
+        last = made + len(steps) - 1
         steps.append({"stmt": framing(_RELEASE_ID), "condition": _all(_ok(last), IN_TRANSACTION)})
-        undo = n + len(steps)
+        undo = made + len(steps)
         failed = {"type": "not", "cond": _ok(last)}
         steps.append({"stmt": framing(_ROLLBACK_TO_ID), "condition": _all(failed, _ok(savepoint), IN_TRANSACTION)})
         steps.append({"stmt": framing(_RELEASE_ID), "condition": _ok(undo)})
-        n += len(steps)
+        made += len(steps)
         parts.append(orjson.dumps(steps)[1:-1])  # the unit's steps, without the list's brackets
-    commit = n
+    commit = made
     parts.append(orjson.dumps([
         {"stmt": stmt_json(Stmt("COMMIT")), "condition": IN_TRANSACTION},
         {"stmt": stmt_json(Stmt("ROLLBACK")), "condition": _all({"type": "not", "cond": _ok(commit)}, IN_TRANSACTION)},
     ])[1:-1])
-    stored = [*enumerate(_FRAMING, start=1), *((n, sql) for sql, n in ids.items())]
-    requests = [orjson.dumps({"type": "store_sql", "sql_id": n, "sql": sql}) for n, sql in stored]
+    stored = [*enumerate(_FRAMING, start=1), *((sql_id, sql) for sql, sql_id in ids.items())]
+    requests = [orjson.dumps({"type": "store_sql", "sql_id": sql_id, "sql": sql}) for sql_id, sql in stored]
     batch = b'{"type":"batch","batch":{"steps":[' + b",".join(parts) + b"]}}"
     return [*requests, batch], layout
 

@@ -411,7 +411,7 @@ class HranaExecutor(ClosesOnce):
 class _Body:
     url: str
     data: bytes = field(repr=False)  # the statements' arguments: an application's data
-    requests: int = 0  # how many results the answer must hold
+    requests: int  # how many results the answer must hold
 
 
 def _status_error(where: str, status: int, text: str) -> Exception:
