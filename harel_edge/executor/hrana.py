@@ -110,6 +110,7 @@ def transaction_request(stmts: list[Stmt], tail: Stmt | None = None) -> dict[str
 
 UNIT_SAVEPOINT = "harel_edge_unit"
 NOT_RUN = object()  # a unit the transaction ended before it ran: it goes again on its own
+LOCK_CODES = ("SQLITE_BUSY", "SQLITE_LOCKED")  # the write lock was not had: nothing ran
 
 
 def _ok(step: int) -> dict[str, Any]:
@@ -170,6 +171,14 @@ def grouped_batch(units: list[list[Stmt]]) -> tuple[list[bytes], list[tuple[int,
     requests = [orjson.dumps({"type": "store_sql", "sql_id": sql_id, "sql": sql}) for sql_id, sql in stored]
     batch = b'{"type":"batch","batch":{"steps":[' + b",".join(parts) + b"]}}"
     return [*requests, batch], layout
+
+
+def lock_refused(batch: dict[str, Any]) -> bool:
+    """Whether a grouped batch's `BEGIN IMMEDIATE` failed for the primary's write lock (held by
+    another transaction past the primary's wait): the transaction never began, no unit ran."""
+    errors = batch.get("step_errors") or []
+    error = errors[0] if errors else None
+    return error is not None and (error.get("code") in LOCK_CODES or "database is locked" in str(error.get("message")))
 
 
 def grouped_outcomes(

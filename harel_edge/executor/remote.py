@@ -33,6 +33,7 @@ from harel_edge.executor.hrana import (
     STREAM_PIPELINE,
     grouped_batch,
     grouped_outcomes,
+    lock_refused,
     result_of,
     statement_error,
     stmt_json,
@@ -49,6 +50,14 @@ JSON_BODY = {"Content-Type": "application/json"}  # the body is encoded here (or
 # Callers one turn of the loop wakes when a shared transaction's answer comes: each goes on with
 # its event (a transition, the next commit), and 128 at once held the loop for milliseconds.
 SETTLE_SLICE = 16
+# A grouped batch whose BEGIN did not get the primary's write lock (sqld refuses writers at once
+# while it checkpoints: docs/operations.md) goes again whole after a pause, doubling from
+# LOCK_PAUSE up to LOCK_PAUSE_MOST, for up to LOCK_TRIES tries; then its units go one a request,
+# as after any transaction that ended before they ran. Sent apart at once, they all met the same
+# checkpoint, one transaction (and one fsync) each.
+LOCK_PAUSE = 0.01
+LOCK_PAUSE_MOST = 0.1
+LOCK_TRIES = 20  # about 1.8 s of pauses: a checkpoint of 5 s of a busy primary's writes took 0.4 s
 
 # A pipeline of many commits is still small (a few KB a unit); sqld answers it in milliseconds.
 # `sock_read` bounds how long a unit may wait for an answer that never comes; `connect` includes
@@ -86,6 +95,7 @@ class _Unit:
     alone: bool = False  # sent as its own request, never in a shared transaction
     build: Callable[[], list[Stmt]] | None = None  # a deferred unit's statements, made when it is sent
     tail: bool = False  # a deferred unit, made: it runs after the others
+    refused: int = 0  # shared transactions that could not begin: the primary's write lock was held
 
     @property
     def statements(self) -> int:
@@ -297,7 +307,11 @@ class HranaExecutor(ClosesOnce):
         try:
             if answer.get("type") != "ok":
                 raise statement_error(answer.get("error") or {}, 0)
-            outcomes = grouped_outcomes(answer["response"]["result"], layout, [len(u.stmts) for u in units])
+            batch = answer["response"]["result"]
+            if lock_refused(batch) and max(u.refused for u in units) < LOCK_TRIES - 1:
+                await self._again_together(units)
+                return
+            outcomes = grouped_outcomes(batch, layout, [len(u.stmts) for u in units])
         except Exception as exc:  # noqa: BLE001 - handed to every unit's caller
             outcomes = [exc] * len(units)
         again = [unit for unit, outcome in zip(units, outcomes, strict=True) if outcome is NOT_RUN and not unit.future.done()]
@@ -318,6 +332,27 @@ class HranaExecutor(ClosesOnce):
                     raise
             for unit, outcome in pairs[start : start + SETTLE_SLICE]:
                 _settle(unit, outcome)
+
+    async def _again_together(self, units: list[_Unit]) -> None:
+        """Queue `units` again, as one group, after a pause: their transaction did not begin (the
+        primary's write lock was held), so none of them ran."""
+        tries = max(u.refused for u in units) + 1
+        for unit in units:
+            unit.refused = tries
+        try:
+            await asyncio.sleep(min(LOCK_PAUSE * 2 ** (tries - 1), LOCK_PAUSE_MOST))
+        except asyncio.CancelledError:
+            error = PrimaryUnavailableError(
+                f"the primary at {self.where} held its write lock and the executor was closed before "
+                "the transaction could go again; nothing of it ran"
+            )
+            for unit in units:
+                if not unit.future.done():
+                    unit.future.set_exception(error)
+            raise
+        self._queue[:0] = [unit for unit in units if not unit.future.done()]
+        if not self._draining:
+            self._start_drain()
 
     def _settle_with_tail(self, unit: _Unit, tail: _Unit, answer: dict[str, Any]) -> None:
         """The answer of `transaction_request` with a tail: the unit's results or error, and the tail's (none

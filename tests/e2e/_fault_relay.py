@@ -20,8 +20,9 @@ LOOPBACK = "127.0.0.1"
 
 # sqld applied the request; its answer is lost on the way back.
 AMBIGUOUS = ("500 after", "garbage after", "truncated after", "closed after")
-# sqld never saw the request.
-REFUSED = ("500 before", "stream expired")
+# sqld never saw the request ("write lock held": answered as sqld answers a batch whose BEGIN met
+# its WAL checkpoint, which refuses writers at once: SQLITE_BUSY on the first step, no other run).
+REFUSED = ("500 before", "stream expired", "write lock held")
 FAULTS = AMBIGUOUS + REFUSED
 
 
@@ -42,6 +43,7 @@ class FaultyRelay:
         self.fired: list[str] = []  # the faults that were applied, in order
         self.applied = 0  # requests sqld answered
         self.transactions = 0  # of which carried a transaction (a batch)
+        self.batches = 0  # the transactions (batches) in the requests sqld answered
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fault-relay", daemon=True)
@@ -129,10 +131,13 @@ class FaultyRelay:
             requests = json.loads(body)["requests"]
             error = {"type": "error", "error": {"message": "stream expired", "code": "STREAM_EXPIRED"}}
             return await _respond(writer, 200, json.dumps({"baton": None, "results": [error] * len(requests)}).encode())
+        if fault == "write lock held":
+            return await _respond(writer, 200, json.dumps(_lock_refused(json.loads(body)["requests"])).encode())
         forwarded = {k: v for k, v in headers.items() if k in ("authorization", "content-type")}
         answer = await self._client.request(method, path, content=body, headers=forwarded)
         self.applied += 1
         self.transactions += b'"type":"batch"' in body.replace(b" ", b"")
+        self.batches += body.replace(b" ", b"").count(b'"type":"batch"')
         if fault == "500 after":
             return await _respond(writer, 500, b"internal error")
         if fault == "garbage after":
@@ -146,6 +151,21 @@ class FaultyRelay:
         if fault == "closed after":
             return False  # closed without a word
         return await _respond(writer, answer.status_code, answer.content)
+
+
+def _lock_refused(requests: list[dict]) -> dict:
+    """sqld's answer to a pipeline whose batch could not begin: its first step (BEGIN IMMEDIATE)
+    failed for the write lock, and every later step's condition kept it from running."""
+    busy = {"message": "SQLite error: database is locked", "code": "SQLITE_BUSY"}
+    results = []
+    for request in requests:
+        if request["type"] == "batch":
+            steps = len(request["batch"]["steps"])
+            result = {"step_results": [None] * steps, "step_errors": [busy] + [None] * (steps - 1)}
+            results.append({"type": "ok", "response": {"type": "batch", "result": result}})
+        else:
+            results.append({"type": "ok", "response": {"type": request["type"]}})
+    return {"baton": None, "results": results}
 
 
 def _head(status: int, length: int) -> bytes:

@@ -29,6 +29,8 @@ from harel.spec.states import Event
 
 from harel_edge.durable import LibsqlCheckpointer, LibsqlScheduler, SqlEffect, connect, migrate
 from harel_edge.errors import AuthError
+from harel_edge.executor import Stmt, remote
+from harel_edge.executor.hrana import UNIT_SAVEPOINT
 from harel_edge.executor.remote import HranaExecutor
 from harel_edge.migration import prepare_database
 from harel_edge.queue import AsyncLibsqlTransport, EventPath, EventTransport, LibsqlTransport
@@ -347,3 +349,48 @@ def test_a_delivery_extend_whose_answer_was_lost_returns_the_receipt_it_wrote(sq
             assert rows == [(0,)], "done with that receipt removed the row"
 
     asyncio.run(main())
+
+
+def _shared_writes(server, relay, refusals: int, writers: int = 12) -> tuple[list, int, list[int]]:
+    """`writers` one-insert units sent together through the relay, the first `refusals` shared
+    transactions answered as a primary checkpointing its WAL answers them; returns the units'
+    results, the transactions sqld ran for them, and the keys that landed (read straight from sqld)."""
+    settings = _settings(server, relay.url)
+    direct = _direct(server, settings)
+    table = f"{settings.prefix}_rows"
+
+    async def run() -> tuple[list, int, list[int]]:
+        straight = HranaExecutor(direct)
+        executor = HranaExecutor(settings, linger=0.05)  # long enough for every unit to join one batch
+        try:
+            await straight.execute(Stmt(f"CREATE TABLE {table} (k INTEGER)"))
+            for _ in range(refusals):
+                relay.arm("write lock held", when=UNIT_SAVEPOINT)
+            batches = relay.batches
+            insert = f"INSERT INTO {table} (k) VALUES (?)"
+            results = await asyncio.gather(*(executor.transaction([Stmt(insert, (k,))]) for k in range(writers)))
+            ran = relay.batches - batches
+            rows = (await straight.execute(Stmt(f"SELECT k FROM {table} ORDER BY k"))).rows
+            return results, ran, [k for (k,) in rows]
+        finally:
+            await executor.aclose()
+            await straight.aclose()
+
+    return asyncio.run(run())
+
+
+def test_a_shared_transaction_refused_for_the_write_lock_goes_again_whole_and_commits_each_unit_once(sqld_primary, relay):
+    results, transactions, keys = _shared_writes(sqld_primary, relay, refusals=2)
+    assert relay.fired == ["write lock held"] * 2 and not relay.armed
+    assert transactions == 1, f"the units went again in {transactions} transactions, not together"
+    assert [[r.affected for r in result] for result in results] == [[1]] * 12
+    assert keys == list(range(12))
+
+
+def test_a_shared_transaction_refused_past_its_tries_goes_again_one_transaction_a_unit(sqld_primary, relay, monkeypatch):
+    monkeypatch.setattr(remote, "LOCK_TRIES", 2)
+    results, transactions, keys = _shared_writes(sqld_primary, relay, refusals=2)
+    assert relay.fired == ["write lock held"] * 2
+    assert transactions == 12  # as after any shared transaction that ended before its units ran
+    assert [[r.affected for r in result] for result in results] == [[1]] * 12
+    assert keys == list(range(12))
