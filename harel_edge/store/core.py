@@ -250,7 +250,11 @@ class EventStore:
         transaction; returns the results of `rest` (which ends with `lease`'s ack, when given). A lost outcome is looked up: the row holds exactly what was sent."""
         n = self._n
         old = exe.version
-        data = exe.model_copy(update={"version": old + 1}).model_dump_json()
+        exe.version = old + 1  # the row's JSON names the version it writes; no copy (a tenth of a save's time)
+        try:
+            data = exe.model_dump_json()
+        finally:
+            exe.version = old
         if old == 0:
             write = [Stmt(f"INSERT INTO {n.executions} (id, definition_id, data, version) VALUES (?, ?, ?, 1)", (exe.id, exe.definition_id, data))]
         else:
