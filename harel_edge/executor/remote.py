@@ -17,6 +17,7 @@ import aiohttp
 import orjson
 import structlog
 
+from harel_edge import observability
 from harel_edge.errors import AuthError, PrimaryUnavailableError
 from harel_edge.executor import (
     ClosesOnce,
@@ -339,6 +340,7 @@ class HranaExecutor(ClosesOnce):
         tries = max(u.refused for u in units) + 1
         for unit in units:
             unit.refused = tries
+        observability.RETRIES.labels(operation="executor.write_lock").inc()
         try:
             await asyncio.sleep(min(LOCK_PAUSE * 2 ** (tries - 1), LOCK_PAUSE_MOST))
         except asyncio.CancelledError:

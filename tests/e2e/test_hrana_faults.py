@@ -26,6 +26,7 @@ import pytest
 from _fault_relay import AMBIGUOUS, FaultyRelay
 from harel.engine.execution import Execution
 from harel.spec.states import Event
+from prometheus_client import REGISTRY
 
 from harel_edge.durable import LibsqlCheckpointer, LibsqlScheduler, SqlEffect, connect, migrate
 from harel_edge.errors import AuthError
@@ -380,8 +381,11 @@ def _shared_writes(server, relay, refusals: int, writers: int = 12) -> tuple[lis
 
 
 def test_a_shared_transaction_refused_for_the_write_lock_goes_again_whole_and_commits_each_unit_once(sqld_primary, relay):
+    counted = {"operation": "executor.write_lock"}
+    before = REGISTRY.get_sample_value("harel_edge_retries_total", counted) or 0.0
     results, transactions, keys = _shared_writes(sqld_primary, relay, refusals=2)
     assert relay.fired == ["write lock held"] * 2 and not relay.armed
+    assert REGISTRY.get_sample_value("harel_edge_retries_total", counted) == before + 2
     assert transactions == 1, f"the units went again in {transactions} transactions, not together"
     assert [[r.affected for r in result] for result in results] == [[1]] * 12
     assert keys == list(range(12))
