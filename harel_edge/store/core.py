@@ -268,7 +268,8 @@ class EventStore:
             try:
                 return (await self.path.executor.transaction(stmts))[len(write) :]
             except StatementError as exc:
-                if exc.step < len(write) and (old > 0 or "constraint" in str(exc).lower()):
+                # Step -1 is the BEGIN (the primary's write lock refused: nothing ran), for the retry policy.
+                if 0 <= exc.step < len(write) and (old > 0 or "constraint" in str(exc).lower()):
                     rows = (await self.path.execute(f"SELECT version FROM {n.executions} WHERE id = ?", exe.id)).rows
                     raise StoreConflict(exe.id, expected=old, found=rows[0][0] if rows else None) from None
                 raise

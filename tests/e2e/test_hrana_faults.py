@@ -230,6 +230,19 @@ def test_a_request_the_primary_failed_before_applying_is_retried_and_applied_onc
     assert transport.depth() == 1
 
 
+def test_a_commit_the_primary_refused_for_its_write_lock_is_retried_not_taken_for_a_conflict(faced):
+    relay, transport, store = faced
+    store.save(Execution(id="x", definition_id="d"))
+    transport.publish("x", Event(kind="go"))
+    lease = transport.claim("w", 30)
+    loaded, _ = store.load_for_event("x", lease.event.id)
+    relay.arm("write lock held", when="UPDATE")  # as a checkpointing primary refuses a writer
+    store.commit(loaded, [], processed_event_id=lease.event.id)
+    _fired(relay, "write lock held")
+    assert loaded.version == 2 and store.load("x").version == 2
+    assert store.is_processed("x", lease.event.id)
+
+
 # ---- the CLI, through the same relay ----------------------------------------------------------
 
 
