@@ -58,7 +58,7 @@ SETTLE_SLICE = 16
 # checkpoint, one transaction (and one fsync) each.
 LOCK_PAUSE = 0.01
 LOCK_PAUSE_MOST = 0.1
-LOCK_TRIES = 20  # about 1.8 s of pauses: a checkpoint of 5 s of a busy primary's writes took 0.4 s
+LOCK_TRIES = 20  # 1.65 s of pauses in all: a checkpoint of 5 s of a busy primary's writes took 0.4 s
 
 # A pipeline of many commits is still small (a few KB a unit); sqld answers it in milliseconds.
 # `sock_read` bounds how long a unit may wait for an answer that never comes; `connect` includes
@@ -309,9 +309,11 @@ class HranaExecutor(ClosesOnce):
             if answer.get("type") != "ok":
                 raise statement_error(answer.get("error") or {}, 0)
             batch = answer["response"]["result"]
-            if lock_refused(batch) and max(u.refused for u in units) < LOCK_TRIES - 1:
-                await self._again_together(units)
-                return
+            if lock_refused(batch):
+                tries = max(u.refused for u in units) + 1  # sends of this group refused so far
+                if tries < LOCK_TRIES:
+                    await self._again_together(units, tries)
+                    return
             outcomes = grouped_outcomes(batch, layout, [len(u.stmts) for u in units])
         except Exception as exc:  # noqa: BLE001 - handed to every unit's caller
             outcomes = [exc] * len(units)
@@ -334,10 +336,9 @@ class HranaExecutor(ClosesOnce):
             for unit, outcome in pairs[start : start + SETTLE_SLICE]:
                 _settle(unit, outcome)
 
-    async def _again_together(self, units: list[_Unit]) -> None:
+    async def _again_together(self, units: list[_Unit], tries: int) -> None:
         """Queue `units` again, as one group, after a pause: their transaction did not begin (the
-        primary's write lock was held), so none of them ran."""
-        tries = max(u.refused for u in units) + 1
+        primary's write lock was held, `tries` times now), so none of them ran."""
         for unit in units:
             unit.refused = tries
         observability.RETRIES.labels(operation="executor.write_lock").inc()
