@@ -33,6 +33,9 @@ MAX_PUBLISH_WINDOW = 365 * 86400.0
 
 # Why ten: docs/operations.md ("Dead letters"); 0 turns dead-lettering off.
 DEFAULT_MAX_DELIVERIES = 10
+# Events of one group a claim leases together: enough to keep a hot group moving 100 ms from its
+# primary (docs/tuning.md, "Runs"), few enough that a run commits in one modest request.
+MAX_RUN = 128
 
 # The range of sync_interval, and the measurements behind it: docs/tuning.md.
 MIN_SYNC_INTERVAL = 0.05
@@ -118,6 +121,11 @@ class EdgeSettings(BaseSettings):
         default=1024,
         description="Most statechart events one worker process keeps in flight: its window follows "
         "the link to the primary up to this.",
+    )
+    max_run: int = Field(
+        default=MAX_RUN,
+        description="Most events of one group a claim hands a worker at once, handled one after "
+        "another and committed together (1: one commit an event).",
     )
     max_workflow_passes: int = Field(
         default=32,
@@ -228,7 +236,7 @@ class EdgeSettings(BaseSettings):
         refusal = f"set {MIN_PUBLISH_WINDOW:g} to {MAX_PUBLISH_WINDOW:.0f} seconds (default 3600, an hour)"
         return _within(value, MIN_PUBLISH_WINDOW, MAX_PUBLISH_WINDOW, f"HAREL_EDGE_PUBLISH_WINDOW={value} is out of range: {refusal}")
 
-    @field_validator("busy_timeout_ms", "retry_attempts", "max_in_flight", "max_workflow_passes")
+    @field_validator("busy_timeout_ms", "retry_attempts", "max_in_flight", "max_run", "max_workflow_passes")
     @classmethod
     def _non_negative(cls, value: int, info: Any) -> int:
         if value < (0 if info.field_name == "busy_timeout_ms" else 1):

@@ -172,6 +172,7 @@ def statechart_worker(
         report=report,
         count_groups=count_groups,
         max_deliveries=settings.max_deliveries,
+        max_run=settings.max_run,
     )
     path.claimer = transport
     return EdgeAsyncWorker(

@@ -41,18 +41,9 @@ class EdgeAsyncWorker(AsyncWorker):
         fixed semaphore."""
         pending: set[asyncio.Task] = set()
 
-        async def run_one(lease) -> None:  # noqa: ANN001 - harel's Lease
+        async def run_one(head) -> None:  # noqa: ANN001 - harel's Lease
             began = time.monotonic()
-            try:
-                await self._handle(lease)
-            except Exception:
-                log.exception("handling an event failed; it comes back later", group_id=lease.group_id,
-                              kind=lease.event.kind, retry_in=self.suspend_recheck)
-                try:
-                    await self.transport.nack(lease, delay=self.suspend_recheck)
-                except Exception as exc:  # noqa: BLE001 - its lease lapses and it is delivered again
-                    log.warning("could not give an event back; it comes back when its lease lapses",
-                                group_id=lease.group_id, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+            await self.handle_run(head)
             self.window.settled(time.monotonic() - began, len(pending))
             self.transport.concurrency = self.window.size
             self.transport.path.executor.make_room(self.window.size)
@@ -85,6 +76,41 @@ class EdgeAsyncWorker(AsyncWorker):
                 await asyncio.sleep(0)
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+
+    async def step(self) -> bool:
+        """Handle at most one claim's run (one group's head and the events after it)."""
+        lease = await self._claim()
+        if lease is None:
+            return False
+        await self.handle_run(lease)
+        return True
+
+    async def handle_run(self, head) -> None:  # noqa: ANN001 - harel's Lease
+        """Handle a claim's run of one group, its head and the events after it, one after another,
+        then send what the run kept: one commit for the lot (queue/runs.py). A failing event is
+        given back to come again later; the ones after it wait behind it, untouched."""
+        run = self.transport.path.run_of(head)
+        lease = head
+        try:
+            if run is None:
+                await self._handle(head)
+            else:
+                while (lease := run.next()) is not None:
+                    await self._handle(lease)
+        except Exception:
+            log.exception("handling an event failed; it comes back later", group_id=lease.group_id,
+                          kind=lease.event.kind, retry_in=self.suspend_recheck)
+            try:
+                await self.transport.nack(lease, delay=self.suspend_recheck)
+            except Exception as exc:  # noqa: BLE001 - its lease lapses and it is delivered again
+                log.warning("could not give an event back; it comes back when its lease lapses",
+                            group_id=lease.group_id, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+        if run is not None:
+            try:
+                await self.store.settle(run)
+            except Exception as exc:  # noqa: BLE001 - what it kept comes back, to be handled again
+                log.warning("a run's commit failed; its events come back", group_id=head.group_id,
+                            error=f"{type(exc).__name__}: {str(exc)[:200]}")
 
     async def _handle(self, lease) -> bool:  # noqa: ANN001 - harel's Lease
         task = asyncio.current_task()

@@ -23,6 +23,7 @@ from harel_edge.executor import StatementError, Stmt
 from harel_edge.queue import statements as sql
 from harel_edge.queue.dead_letters import DeadLetters
 from harel_edge.queue.leases import Clock, EventPath, LeaseKey
+from harel_edge.queue.runs import Run
 from harel_edge.queue.settling import Settling
 from harel_edge.queue.statements import Message
 
@@ -36,6 +37,7 @@ class _TailClaim:
     """A claim that a commit or exchange carries: what it asked for, once it was made."""
 
     free: int = 0
+    visibility: float = 0.0
     token: str | None = None
     wanted: tuple | None = None
     limited: bool = False
@@ -57,6 +59,7 @@ class EventTransport(Settling, DeadLetters):
         count_groups: bool = False,
         routing_keys: Sequence[str] | None = None,
         max_deliveries: int = 0,
+        max_run: int = 1,
     ) -> None:
         if max_deliveries < 0:
             raise ValueError(f"max_deliveries must be >= 0 (0: never dead-letter), got {max_deliveries!r}")
@@ -65,13 +68,18 @@ class EventTransport(Settling, DeadLetters):
         self.concurrency = concurrency
         self.max_deliveries = max_deliveries
         self.prefetch = prefetch
+        # A claim with the execution may lease each group's next messages too, up to `max_run` in
+        # all: its handler takes them one after another and they commit together (runs.py).
+        if max_run < 1:
+            raise ValueError(f"max_run must be at least 1, got {max_run!r}")
+        self.max_run = max_run
         self._report = report
         self._groups: Counter[str] | None = Counter() if count_groups else None
         self._routing_keys = tuple(path.settings.routing_keys if routing_keys is None else routing_keys)
         self._buffer: deque[Lease] = deque()
         self._buffer_for: tuple | None = None
         self._wanted: tuple | None = None  # the last claim's arguments, for a claim a commit carries
-        self._sql: dict[tuple[bool, bool, bool], str] = {}
+        self._sql: dict[tuple[bool, bool, bool, bool], str] = {}
         self._limited = 0  # claims left to make with the statement that reads the limits
         # Free slots: `concurrency - len(held) - _claiming`, and for a claim that goes after
         # commits, the slots their acks free as well (`_freeing`).
@@ -196,10 +204,12 @@ class EventTransport(Settling, DeadLetters):
         return leases
 
     def _count_claims(self, leases: list[Lease]) -> None:
-        if leases:
-            observability.CLAIMS.inc(len(leases))
+        """Count every message leased: a run's followers with its head."""
+        claimed = sum(len(run.members) if (run := self.path.run_of(lease)) else 1 for lease in leases)
+        if claimed:
+            observability.CLAIMS.inc(claimed)
             if self._report is not None:
-                self._report.claims += len(leases)
+                self._report.claims += claimed
 
     async def _claim_once(
         self, worker_id: str, visibility: float, n: int, min_priority: int, keys: tuple, with_execution: bool
@@ -214,7 +224,7 @@ class EventTransport(Settling, DeadLetters):
             nonlocal limited
             try:
                 statement = self._claim_statement(bool(keys), with_execution, limited)
-                return (await self.path.execute(statement, *params, n, volatile=True)).rows
+                return (await self.path.execute(statement, *params, n, *self._run_args(with_execution), volatile=True)).rows
             except Exception as exc:
                 if limited or not sql.limits_were_set(exc):
                     raise
@@ -227,46 +237,74 @@ class EventTransport(Settling, DeadLetters):
             extra = self._returning(with_execution, after_trigger=True)
             return (await self.path.execute(sql.leased_sql(self.path.queue, extra), token)).rows or None
 
-        return await self._take(await self.path.run("claim", attempt, resolve), token, with_execution)
+        rows = await self.path.run("claim", attempt, resolve)
+        return await self._take(rows, token, with_execution, visibility)
 
-    async def _take(self, rows: list[tuple], token: str, with_execution: bool) -> tuple[list[Lease], int]:
-        """The leases a claim's rows hand out, held by this path; the messages over
-        `max_deliveries` are buried instead (the count of those is the second value)."""
-        leases, buried = [], 0
+    async def _take(
+        self, rows: list[tuple], token: str, with_execution: bool, visibility: float
+    ) -> tuple[list[Lease], int]:
+        """The runs a claim's rows hand out, held by this path, and their heads; a head over
+        `max_deliveries` is buried instead (the count of those is the second value), and a
+        follower over it goes back with the rest of its run, to come again as a head."""
+        groups: dict[str, list[tuple]] = {}
         for row in sorted(rows, key=lambda row: row[0]):
-            lease = sql.lease_from_row(row[:3], token)
-            deliveries = int(row[-1] or 0)
-            if self.max_deliveries and deliveries > self.max_deliveries:
-                buried += 1
-                await self._bury_quietly(lease, deliveries)
-                continue
-            if with_execution:
-                self.path.hold(lease, row[3], bool(row[4]), prefetch=True, deliveries=deliveries)
-            else:
+            groups.setdefault(row[1], []).append(row)
+        heads, buried = [], 0
+        for group_rows in groups.values():
+            members: list[Lease] = []
+            for row in group_rows:
+                lease = sql.lease_from_row(row[:3], token)
+                deliveries = int(row[-1] or 0)
+                if self.max_deliveries and deliveries > self.max_deliveries:
+                    if not members:
+                        buried += 1
+                        await self._bury_quietly(lease, deliveries)
+                    else:
+                        await self._give_back_quietly([sql.lease_from_row(r[:3], token) for r in group_rows[len(members) :]])
+                    break
                 self.path.hold(lease, deliveries=deliveries)
-            leases.append(lease)
-        return leases, buried
+                members.append(lease)
+            if not members:
+                continue
+            head = group_rows[0]
+            run = Run(members, {}, visibility)
+            if with_execution:
+                run.state, run.known = head[3], True
+                run.processed = {str(lease.event.id): bool(row[4]) for lease, row in zip(members, group_rows, strict=False)}
+            self.path.runs[run.head.group_id] = run
+            heads.append(run.head)
+        return heads, buried
 
-    def claim_with_commit(self) -> asyncio.Task | None:
+    async def _give_back_quietly(self, leases: list[Lease]) -> None:
+        """Give back messages leased and never handled; a failure leaves them to lapse."""
+        try:
+            await self.path.run("nack", lambda: self.path.executor.execute(sql.give_back_statement(self.path.queue, leases)))
+        except Exception as exc:  # noqa: BLE001 - their lease lapses by itself
+            log.warning("could not give messages back; they come back when their lease lapses", error=str(exc)[:200])
+
+    def _run_args(self, with_execution: bool) -> tuple[int, ...]:
+        return (self.max_run,) if with_execution and self.max_run > 1 else ()
+
+    def claim_with_commit(self, freed: int = 1) -> asyncio.Task | None:
         """A commit that acks one of this transport's leases is about to be queued: the commit or
         exchange that carries it also carries one claim, after it, for every slot the commits in
         it free (one claim statement for them all: its cost is its own, not its rows'). Returns
         the claim's task, for the commit to wait on, or None before the first claim. Leases still
         buffered do not hold it back (they count against the window as held): on a far primary,
         a claim that waited for the buffer to empty would leave the link idle for a round trip.
-        The commit calls `commit_ended` once it is over, whatever became of it."""
+        The commit calls `commit_ended(freed)` once it is over, whatever became of it."""
         if self._wanted is None:
             return None
-        self._freeing += 1  # the slot the commit's ack frees
+        self._freeing += freed  # the slots the commit's acks free (a run's members)
         if self._tail is None:
             tail = _TailClaim()
             future = self.path.executor.deferred(functools.partial(self._tail_statements, tail))
             self._tail = self._spawn(self._tail_settled(tail, future))
         return self._tail
 
-    def commit_ended(self) -> None:
-        """The commit that `claim_with_commit` counted is over: its lease is acked, or still held."""
-        self._freeing -= 1
+    def commit_ended(self, freed: int = 1) -> None:
+        """The commit that `claim_with_commit` counted is over: its leases are acked, or still held."""
+        self._freeing -= freed
 
     def _tail_statements(self, tail: _TailClaim) -> list[Stmt]:
         """The claim, made as its commit or exchange is put together: the free slots then."""
@@ -279,7 +317,8 @@ class EventTransport(Settling, DeadLetters):
         worker_id, visibility, min_priority, keys = self._wanted
         tail.token, params = sql.claim_params(worker_id, visibility, min_priority, keys, self.path.now())
         tail.limited, self._limited = self._limited > 0, max(self._limited - 1, 0)  # as `_claim_once`
-        return [Stmt(self._claim_statement(bool(keys), True, tail.limited), (*params, free))]
+        tail.visibility = visibility
+        return [Stmt(self._claim_statement(bool(keys), True, tail.limited), (*params, free, *self._run_args(True)))]
 
     async def _tail_settled(self, tail: _TailClaim, future: asyncio.Future) -> None:
         """Hold what the claim leased, or, when its answer was lost, what its token holds; a
@@ -299,7 +338,7 @@ class EventTransport(Settling, DeadLetters):
                 log.info("looking up a claim whose answer was lost", error=str(exc)[:200])
                 lookup = sql.leased_sql(self.path.queue, self._returning(True, after_trigger=True))
                 rows = (await self.path.run("claim", lambda: self.path.execute(lookup, tail.token))).rows
-            leases, _ = await self._take(rows, tail.token, True)
+            leases, _ = await self._take(rows, tail.token, True, tail.visibility)
             self._count_claims(leases)
             await self._stash(leases, tail.wanted)
         except Exception as exc:  # noqa: BLE001 - the commits that carried it went through; its leases lapse
@@ -319,16 +358,20 @@ class EventTransport(Settling, DeadLetters):
             await asyncio.gather(*list(self._tails), return_exceptions=True)
 
     def _claim_statement(self, keyed: bool, with_execution: bool, limited: bool) -> str:
-        statement = self._sql.get((keyed, with_execution, limited))
+        runs = bool(self._run_args(with_execution))
+        statement = self._sql.get((keyed, with_execution, limited, runs))
         if statement is None:
-            statement = self._sql[(keyed, with_execution, limited)] = sql.claim_sql(
-                self.path.queue, keyed, many=True, returning=self._returning(with_execution), limited=limited
+            statement = self._sql[(keyed, with_execution, limited, runs)] = sql.claim_sql(
+                self.path.queue, keyed, many=True, returning=self._returning(with_execution), limited=limited, runs=runs
             )
         return statement
 
     def _returning(self, with_execution: bool, *, after_trigger: bool = False) -> str:
         s = self.path.store
-        return sql.claim_returning(s.executions, s.processed_events, with_execution, after_trigger=after_trigger)
+        heads_of = self.path.queue.messages if self._run_args(with_execution) else None
+        return sql.claim_returning(
+            s.executions, s.processed_events, with_execution, after_trigger=after_trigger, heads_of=heads_of
+        )
 
     # ---- inspection and shutdown -----------------------------------------------------------------
 
@@ -343,14 +386,27 @@ class EventTransport(Settling, DeadLetters):
         await self.claims_settled()
         leases = list(self._buffer) if buffered_only else list(self.path.held.values())
         self._buffer.clear()
-        released = 0
+        released, seen = 0, set()
         for lease in leases:
+            run = self.path.run_of(lease)
+            if (lease.seq, lease.token) not in self.path.held or (run is not None and id(run) in seen):
+                continue
+            whole = run is not None and len(run.members) > 1  # a run goes back whole, its deliveries uncounted
+            members = [m for m in run.members if (m.seq, m.token) in self.path.held] if whole else [lease]
             try:
-                if await self.nack(lease):
+                if whole:
+                    seen.add(id(run))
+                    statement = sql.give_back_statement(self.path.queue, members)
+                    rows = (await self.path.run("nack", lambda s=statement: self.path.executor.execute(s))).rows
+                    back = {row[0] for row in rows}
+                    self.finish(members, [m.seq in back for m in members], "nack")
+                    released += len(back)
+                elif await self.nack(lease):
                     released += 1
             except Exception as exc:  # noqa: BLE001 - its lease lapses by itself; say so
                 log.warning("could not give a message back", group_id=lease.group_id, seq=lease.seq, error=str(exc)[:200])
-                self.path.release(lease)
+                for member in members:
+                    self.path.release(member)
         return released
 
     def group_counts(self) -> dict[str, int]:

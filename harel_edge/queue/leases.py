@@ -13,6 +13,7 @@ from harel.engine.transport import Lease
 
 from harel_edge import retry
 from harel_edge.executor import Executor, Result, Stmt
+from harel_edge.queue.runs import Run
 from harel_edge.schema import EdgeNames
 from harel_edge.settings import EdgeSettings
 
@@ -21,8 +22,8 @@ LeaseKey = tuple[int, str | None]
 
 
 class EventPath:
-    """The executor, the leases held (with their delivery counts and handling failures), the
-    executions the claim brought, and the acks a commit already made."""
+    """The executor, the leases held (with their delivery counts and handling failures), each
+    group's run (with the execution the claim brought), and the acks a commit already made."""
 
     def __init__(self, executor: Executor, settings: EdgeSettings, *, clock: Clock | None = None) -> None:
         self.executor = executor
@@ -32,7 +33,7 @@ class EventPath:
         self.clock = clock
         self.held: dict[LeaseKey, Lease] = {}
         self.by_event: dict[tuple[str, str], Lease] = {}  # (group_id, event id) -> its lease
-        self.prefetched: dict[tuple[str, str], tuple[str | None, bool]] = {}
+        self.runs: dict[str, Run] = {}  # group id -> the run held of it
         self.acked_by_commit: dict[LeaseKey, bool] = {}
         self.deliveries: dict[LeaseKey, int] = {}  # which delivery of its message a lease is
         self.failures: dict[LeaseKey, str] = {}  # a handling failure, for the nack to record
@@ -49,24 +50,25 @@ class EventPath:
     async def execute(self, sql: str, *args: Any, volatile: bool = False) -> Result:
         return await self.executor.execute(Stmt(sql, tuple(args)), volatile=volatile)
 
-    def hold(
-        self,
-        lease: Lease,
-        execution: str | None = None,
-        processed: bool = False,
-        prefetch: bool = False,
-        deliveries: int | None = None,
-    ) -> None:
+    def hold(self, lease: Lease, deliveries: int | None = None) -> None:
         self.held[(lease.seq, lease.token)] = lease
         if deliveries is not None:
             self.deliveries[(lease.seq, lease.token)] = deliveries
         self.by_event[(lease.group_id, lease.event.id)] = lease
-        if prefetch:
-            self.prefetched[(lease.group_id, lease.event.id)] = (execution, processed)
 
     def release(self, lease: Lease) -> None:
-        self.held.pop((lease.seq, lease.token), None)
+        if self.held.pop((lease.seq, lease.token), None) is None:
+            return
         self.deliveries.pop((lease.seq, lease.token), None)
         self.failures.pop((lease.seq, lease.token), None)
         self.by_event.pop((lease.group_id, lease.event.id), None)
-        self.prefetched.pop((lease.group_id, lease.event.id), None)
+        run = self.run_of(lease)
+        if run is not None:
+            run.released += 1
+            if run.released == len(run.members):
+                del self.runs[lease.group_id]
+
+    def run_of(self, lease: Lease | None) -> Run | None:
+        """The run `lease` is a member of, while it is held."""
+        run = None if lease is None else self.runs.get(lease.group_id)
+        return run if run is not None and run.has(lease) else None

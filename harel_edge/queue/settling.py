@@ -28,8 +28,12 @@ class Settling:
         """Remove the delivered message, freeing its group. False (and a log line) when the lease
         was lost: it lapsed and another worker holds the message now, which keeps it."""
         key = (lease.seq, lease.token)
+        run = self.path.run_of(lease)
         if key in self.path.acked_by_commit:
             done = self.path.acked_by_commit.pop(key)
+        elif run is not None and len(run.members) > 1:
+            run.settle(lease)  # its delete goes with the run's commit (its worker settles the run)
+            return True
         else:
             statement = sql.ack_statement(self.path.queue, lease)
 
@@ -37,7 +41,7 @@ class Settling:
                 return bool((await self.path.executor.execute(statement)).rows)
 
             done = await self.path.run("ack", attempt, lambda: self._settled(lease, done_if_gone=True))
-        self._finish([lease], [done], "ack")
+        self.finish([lease], [done], "ack")
         return done
 
     async def ack_many(self, leases: Sequence[Lease]) -> list[bool]:
@@ -68,7 +72,7 @@ class Settling:
             return [bool(await self._settled(lease, done_if_gone=True)) for lease in leases]
 
         done = await self.path.run("ack", attempt, resolve)
-        self._finish(leases, done, "ack")
+        self.finish(leases, done, "ack")
         return done
 
     async def nack(self, lease: Lease, delay: float = 0.0) -> bool:
@@ -78,6 +82,10 @@ class Settling:
         if delay < 0:
             raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
         self.path.acked_by_commit.pop((lease.seq, lease.token), None)
+        run = self.path.run_of(lease)
+        if run is not None and len(run.members) > 1 and run.stopped is None:
+            run.stopped = (lease, delay)  # the run stops here; its worker settles it
+            return True
         error = self.path.failures.pop((lease.seq, lease.token), None)
         statement = sql.nack_statement(self.path.queue, lease, delay, self.path.now(), error)
 
@@ -85,7 +93,7 @@ class Settling:
             return bool((await self.path.executor.execute(statement)).rows)
 
         done = await self.path.run("nack", attempt, lambda: self._settled(lease, done_if_gone=False))
-        self._finish([lease], [done], "nack")
+        self.finish([lease], [done], "nack")
         return done
 
     async def _settled(self, lease: Lease, *, done_if_gone: bool) -> bool | None:
@@ -98,7 +106,7 @@ class Settling:
             return None
         return not done_if_gone
 
-    def _finish(self, leases: Sequence[Lease], done: Sequence[bool], operation: str) -> None:
+    def finish(self, leases: Sequence[Lease], done: Sequence[bool], operation: str) -> None:
         """Forget the leases settled and count them, once for the lot (a lost one is logged)."""
         settled = 0
         for lease, one in zip(leases, done, strict=True):

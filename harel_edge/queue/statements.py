@@ -50,13 +50,14 @@ class Message:
 
 
 def claim_sql(
-    n: EdgeNames, routing_keys: int, *, many: bool = False, returning: str = "", limited: bool = True
+    n: EdgeNames, routing_keys: int, *, many: bool = False, returning: str = "", limited: bool = True, runs: bool = False
 ) -> str:
     """The claim in one statement: the spec's selection and its lease (`many`: up to `?7` groups'
     heads), skipping the groups of a key at its concurrency or rate limit. Parameters: token,
     now, visibility, min_priority, keys as a JSON array (any number of them: one parameter),
-    now[, n]. Its cost is flat in the groups waiting.
+    now[, n[, the longest run]]. Its cost is flat in the groups waiting.
 
+    `runs`: each group's head comes with the messages after it (`run_sql`), `?7` messages in all.
     `limited=False`: the claim for a database with no limits set, which does not read them
     (a fifth less work) and fails, changing nothing, if any limit is set (`limits_were_set`)."""
     keyed = bool(routing_keys)
@@ -106,13 +107,38 @@ def claim_sql(
     base = f"MAX({claim_now}, COALESCE((SELECT MAX(last_claimed_at) FROM {n.groups}), 0) + {RANK_STEP})"
     if not limited:  # an integer overflow, before any row is leased, if a limit is set
         base += f" + abs(CASE WHEN {unlimited} THEN 0 ELSE -9223372036854775807 - 1 END)"
+    leased = "pick"
+    if runs:
+        ctes += f", pick(seq, rank, lk) AS ({ranked}), {run_sql(n, now, limited)}"
+        ranked, leased = "SELECT seq, rank, lk FROM run ORDER BY k, rank LIMIT ?7", "leased"
     return (
-        f"WITH RECURSIVE {ctes}, pick(seq, rank, lk) AS ({ranked}),"
+        f"WITH RECURSIVE {ctes}, {leased}(seq, rank, lk) AS ({ranked}),"
         f" b(base) AS (SELECT {base})"
-        f" UPDATE {n.messages} SET locked_by = ?1, claimed_at = b.base + pick.rank * {RANK_STEP},"
-        f" lock_expiry = {claim_now} + ?3{', held_key = pick.lk' if limited else ''}"
-        f" FROM pick CROSS JOIN b WHERE {n.messages}.seq = pick.seq"
+        f" UPDATE {n.messages} SET locked_by = ?1, claimed_at = b.base + {leased}.rank * {RANK_STEP},"
+        f" lock_expiry = {claim_now} + ?3{f', held_key = {leased}.lk' if limited else ''}"
+        f" FROM {leased} CROSS JOIN b WHERE {n.messages}.seq = {leased}.seq"
         f" RETURNING seq, group_id, event{returning}"
+    )
+
+
+def run_sql(n: EdgeNames, now: str, limited: bool) -> str:
+    """Each picked head and the messages after it in its group, in order, up to `?8` a group: each
+    one free (not in flight, not delayed or debounced before its time). A head delivered before
+    comes alone (a message that failed, or whose worker died, is tried on its own), and so does
+    one of a key with a rate limit (each claim of it counts). Heads first: `?7` bounds the rows."""
+    rated = (
+        f" AND (run.lk IS NULL OR NOT EXISTS (SELECT 1 FROM {FlowNames(n.prefix).limits} l"
+        " WHERE l.key = run.lk AND l.rate IS NOT NULL))"
+        if limited
+        else ""
+    )
+    follower = f"(SELECT MIN(x.seq) FROM {n.messages} x WHERE x.group_id = run.gid AND x.seq > run.seq)"
+    return (
+        "run(seq, gid, rank, lk, k, d) AS ("
+        f"SELECT m.seq, m.group_id, pick.rank, pick.lk, 1, m.deliveries FROM pick JOIN {n.messages} m ON m.seq = pick.seq"
+        f" UNION ALL SELECT m.seq, run.gid, run.rank, run.lk, run.k + 1, run.d FROM run JOIN {n.messages} m"
+        f" ON m.seq = {follower}"
+        f" WHERE run.k < ?8 AND run.d = 0 AND (m.locked_by IS NULL OR m.lock_expiry < {now}){rated})"
     )
 
 
@@ -154,12 +180,18 @@ def claim_params(
     return token, (token, now, visibility, min_priority, json.dumps(list(keys)), now)
 
 
-def claim_returning(store_executions: str, processed: str, with_execution: bool, *, after_trigger: bool = False) -> str:
+def claim_returning(
+    store_executions: str, processed: str, with_execution: bool, *, after_trigger: bool = False, heads_of: str | None = None
+) -> str:
     """The claim's extra columns: the execution and its processed flag (`with_execution`), then
     which delivery this is. RETURNING sees the row before the AFTER UPDATE trigger counts the
-    delivery, so the claim adds it; a look-up afterwards reads it counted."""
+    delivery, so the claim adds it; a look-up afterwards reads it counted. `heads_of` (the
+    messages table, for a claim of runs): the execution only with each group's head."""
+    data = f"(SELECT data FROM {store_executions} WHERE id = group_id)"
+    if heads_of is not None:
+        data = f"CASE WHEN seq = (SELECT MIN(x.seq) FROM {heads_of} x WHERE x.group_id = {heads_of}.group_id) THEN {data} END"
     execution = (
-        f", (SELECT data FROM {store_executions} WHERE id = group_id),"
+        f", {data},"
         f" EXISTS(SELECT 1 FROM {processed} WHERE execution_id = group_id AND event_id = json_extract(event, '$.id'))"
         if with_execution
         else ""
@@ -229,6 +261,26 @@ def nack_statement(n: EdgeNames, lease: Lease, delay: float, now: float | None, 
     )
     where, args = fence(lease)
     return Stmt(f"UPDATE {n.messages} SET {lock}{count} WHERE {where} RETURNING seq", (*lock_args, *count_args, *args))
+
+
+def give_back_statement(n: EdgeNames, leases: Sequence[Lease]) -> Stmt:
+    """Give back the messages of a run after the one it stopped at (all under one token): free
+    at once, their deliveries not counted, since they were never handled."""
+    seqs = ", ".join(["?"] * len(leases))
+    return Stmt(
+        f"UPDATE {n.messages} SET locked_by = NULL, lock_expiry = NULL, deliveries = MAX(deliveries - 1, 0)"
+        f" WHERE seq IN ({seqs}) AND locked_by = ? RETURNING seq",
+        (*(lease.seq for lease in leases), leases[0].token),
+    )
+
+
+def renew_statement(n: EdgeNames, leases: Sequence[Lease], visibility: float, now: float | None) -> Stmt:
+    """Extend the lease of a run's messages not yet handled (its head's moves its group's lease)."""
+    seqs = ", ".join(["?"] * len(leases))
+    return Stmt(
+        f"UPDATE {n.messages} SET lock_expiry = {now_or()} + ? WHERE seq IN ({seqs}) AND locked_by = ?",
+        (now, visibility, *(lease.seq for lease in leases), leases[0].token),
+    )
 
 
 def error_statement(n: EdgeNames, lease: Lease, error: str) -> Stmt:

@@ -14,6 +14,29 @@ TRACE_MAX = 200  # trace rows kept per execution, as harel's own stores keep
 
 IDS_WITH_PREFIX = "SELECT id FROM {executions} WHERE id LIKE ? ESCAPE '\\'"
 
+# An execution's compare-and-set write: a new row, or the next version of the one at the base.
+INSERT_EXECUTION = "INSERT INTO {executions} (id, definition_id, data, version) VALUES (?, ?, ?, ?)"
+UPDATE_EXECUTION = "UPDATE {executions} SET data = ?, version = ? WHERE id = ? AND version = ?"
+VERSION_GUARD = "SELECT CASE WHEN changes() = 1 THEN 1 ELSE json('harel_edge: version conflict') END"
+VERSION_OF = "SELECT version FROM {executions} WHERE id = ?"
+VERSION_AND_DATA_OF = "SELECT version, data FROM {executions} WHERE id = ?"
+
+# What a commit writes besides the execution (harel's tables, harel's shapes).
+INSERT_OUTBOX = "INSERT INTO {outbox} (target_id, event) VALUES (?, ?) RETURNING seq"
+OUTBOX_SEQ_OF = "SELECT seq FROM {outbox} WHERE target_id IS ? AND event = ? ORDER BY seq DESC LIMIT 1"
+MARK_PROCESSED = "INSERT OR IGNORE INTO {processed_events} (execution_id, event_id) VALUES (?, ?)"
+INSERT_SPAWN = "INSERT INTO {spawns} (parent_id, child_id, root_path, context) VALUES (?, ?, ?, ?)"
+SCHEDULE_TIMER = (
+    "INSERT INTO {timers} (execution_id, path, fire_at) VALUES (?, ?, ?)"
+    " ON CONFLICT(execution_id, path) DO UPDATE SET fire_at = excluded.fire_at"
+)
+CANCEL_TIMER = "DELETE FROM {timers} WHERE execution_id = ? AND path = ?"
+APPEND_TRACE = (
+    "INSERT INTO {trace} (execution_id, idx, entry) SELECT ?,"
+    " COALESCE((SELECT MAX(idx) FROM {trace} WHERE execution_id = ?), -1) + 1, ?"
+)
+TRIM_TRACE = "DELETE FROM {trace} WHERE execution_id = ? AND idx <= (SELECT MAX(idx) FROM {trace} WHERE execution_id = ?) - ?"
+
 # What goes with an execution when it is purged (its row itself is deleted last, fenced).
 PURGE_COMPANIONS = (
     "DELETE FROM {processed_events} WHERE execution_id = ?",

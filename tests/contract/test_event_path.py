@@ -204,14 +204,16 @@ def test_the_workers_claim_brings_each_execution_so_loading_it_costs_no_round_tr
     asyncio.run(main())
 
 
-def test_the_workers_commit_of_each_event_carries_the_next_claim_so_each_event_costs_one_exchange(edge):
-    """On every profile: to a primary one exchange an event, on a local file one commit."""
+@pytest.mark.parametrize("max_run", [1, 128])
+def test_the_workers_commit_carries_the_next_claim_and_a_groups_queued_events_share_one_commit(edge, max_run):
+    """On every profile, to a primary: with runs of one, one exchange an event; with longer runs,
+    the group's four queued events are handled as one run and cost one exchange together."""
     from pathlib import Path  # noqa: PLC0415
 
     import harel_edge.examples.actions as actions  # noqa: PLC0415
     from harel_edge.worker import load_definitions, statechart_worker  # noqa: PLC0415
 
-    settings = edge.settings()
+    settings = edge.settings(max_run=max_run)
     prepare_database(settings)
     definitions = load_definitions(str(Path(actions.__file__).parent))
 
@@ -227,9 +229,14 @@ def test_the_workers_commit_of_each_event_carries_the_next_claim_so_each_event_c
             before, steps = executor.exchanges, 1
             while await worker.step():
                 steps += 1
-            assert steps == 4
-            # Each commit carried its ack and the claim of the group's next event; the last found none.
-            assert executor.exchanges - before == 3 + 1
+            if max_run == 1:
+                # Each commit carried its ack and the claim of the group's next event; the last found none.
+                assert steps == 4
+                assert executor.exchanges - before == 3 + 1
+            else:
+                # One run: its one commit carried the four events, their acks and a claim that found none.
+                assert steps == 1
+                assert executor.exchanges - before == 1
             assert await worker.transport.depth() == 0
             assert (await worker.store.load("order")).active_path == "Delivered"
         finally:
