@@ -35,7 +35,7 @@ MAX_PUBLISH_WINDOW = 365 * 86400.0
 DEFAULT_MAX_DELIVERIES = 10
 # Events of one group a claim leases together: enough to keep a hot group moving 100 ms from its
 # primary (docs/tuning.md, "Runs"), few enough that a run commits in one modest request.
-MAX_RUN = 128
+MAX_RUN = 512
 
 # The range of sync_interval, and the measurements behind it: docs/tuning.md.
 MIN_SYNC_INTERVAL = 0.05

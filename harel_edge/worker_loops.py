@@ -19,6 +19,7 @@ from harel_edge.window import InFlightWindow
 log = structlog.get_logger("harel_edge.worker")
 
 IDLE_MAX = 0.5  # the longest pause between claims of an idle worker: a new event waits at most this
+SWEEP_EVERY = 0.25  # seconds between sweeps of due timers while events are in flight
 
 
 class EdgeAsyncWorker(AsyncWorker):
@@ -32,6 +33,8 @@ class EdgeAsyncWorker(AsyncWorker):
         super().__init__(*args, **kwargs)
         self.launch_slice = launch_slice
         self.handling: set[asyncio.Task] = set()
+        self._sweep: asyncio.Task | None = None  # the sweep of due timers made while events are in flight
+        self._swept_at = float("-inf")
         self.window = InFlightWindow(self.concurrency, visibility=self.visibility)
         observability.watch_window(self.window)
 
@@ -56,15 +59,18 @@ class EdgeAsyncWorker(AsyncWorker):
                 continue
             lease = await self._claim()
             if lease is None:
-                if await self.fire_due_timers() == 0:
-                    if pending:
-                        await asyncio.wait(pending, timeout=idle_sleep, return_when=asyncio.FIRST_COMPLETED)
-                    else:
-                        # An idle worker polls less and less often, up to IDLE_MAX: a queue with
-                        # nothing to do costs the primary a few requests a second, not hundreds.
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(stop.wait(), idle)
-                        idle = min(max(idle, idle_sleep) * 2, max(IDLE_MAX, idle_sleep))
+                if self.transport.buffered:
+                    continue  # a commit's claim brought leases meanwhile: no pause before them
+                if pending:
+                    # Busy: due timers are swept beside the events in flight, never in their way.
+                    self._sweep_beside()
+                    await asyncio.wait(pending, timeout=idle_sleep, return_when=asyncio.FIRST_COMPLETED)
+                elif await self.fire_due_timers() == 0:
+                    # An idle worker polls less and less often, up to IDLE_MAX: a queue with
+                    # nothing to do costs the primary a few requests a second, not hundreds.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), idle)
+                    idle = min(max(idle, idle_sleep) * 2, max(IDLE_MAX, idle_sleep))
                 continue
             idle = idle_sleep
             task = asyncio.create_task(run_one(lease))
@@ -76,6 +82,21 @@ class EdgeAsyncWorker(AsyncWorker):
                 await asyncio.sleep(0)
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+        if self._sweep is not None:
+            await asyncio.gather(self._sweep, return_exceptions=True)
+
+    def _sweep_beside(self) -> None:
+        """Sweep due timers in a task of its own, one at a time and at most every SWEEP_EVERY."""
+        now = time.monotonic()
+        if (self._sweep is None or self._sweep.done()) and now - self._swept_at >= SWEEP_EVERY:
+            self._swept_at = now
+            self._sweep = asyncio.create_task(self._sweep_logged())
+
+    async def _sweep_logged(self) -> None:
+        try:
+            await self.fire_due_timers()
+        except Exception as exc:  # noqa: BLE001 - the next sweep tries again
+            log.warning("sweeping due timers failed; the next sweep tries again", error=f"{type(exc).__name__}: {str(exc)[:200]}")
 
     async def step(self) -> bool:
         """Handle at most one claim's run (one group's head and the events after it)."""

@@ -30,6 +30,7 @@ from harel_edge.queue.statements import Message
 log = structlog.get_logger("harel_edge.transport")
 
 LIMITED_CLAIMS = 100  # after a claim found a limit set: claims that read them before trying without
+LEASED_PER_SLOT = 4  # messages a worker may hold leased, a slot of its window (runs' followers included)
 
 
 @dataclass
@@ -160,7 +161,7 @@ class EventTransport(Settling, DeadLetters):
         if self._buffer and self._buffer_for == wanted:
             return self._buffer.popleft()
         # The free slots: leases held (buffered ones included) count against `concurrency`.
-        n = max(1, self.concurrency - len(self.path.held) - self._claiming) if self.prefetch and not self._buffer else 1
+        n = max(1, self.concurrency - len(self.path.runs) - self._claiming) if self.prefetch and not self._buffer else 1
         leases = await self.claim_many(worker_id, visibility, n, min_priority, keys, with_execution=self.prefetch)
         if not leases:
             return None
@@ -224,7 +225,7 @@ class EventTransport(Settling, DeadLetters):
             nonlocal limited
             try:
                 statement = self._claim_statement(bool(keys), with_execution, limited)
-                return (await self.path.execute(statement, *params, n, *self._run_args(with_execution), volatile=True)).rows
+                return (await self.path.execute(statement, *params, n, *self._run_args(with_execution, n), volatile=True)).rows
             except Exception as exc:
                 if limited or not sql.limits_were_set(exc):
                     raise
@@ -282,34 +283,43 @@ class EventTransport(Settling, DeadLetters):
         except Exception as exc:  # noqa: BLE001 - their lease lapses by itself
             log.warning("could not give messages back; they come back when their lease lapses", error=str(exc)[:200])
 
-    def _run_args(self, with_execution: bool) -> tuple[int, ...]:
-        return (self.max_run,) if with_execution and self.max_run > 1 else ()
+    def _runs(self, with_execution: bool) -> bool:
+        return with_execution and self.max_run > 1
 
-    def claim_with_commit(self, freed: int = 1) -> asyncio.Task | None:
+    def _run_args(self, with_execution: bool, heads: int) -> tuple[int, ...]:
+        """A claim of runs: the longest run, and the most messages for `heads` groups: runs in
+        flight count against the window (one handler each), and the messages leased stay under
+        LEASED_PER_SLOT a slot of it (their memory), each head with its slot."""
+        if not self._runs(with_execution):
+            return ()
+        room = LEASED_PER_SLOT * self.concurrency - len(self.path.held)
+        return self.max_run, min(heads * self.max_run, max(heads, room))
+
+    def claim_with_commit(self) -> asyncio.Task | None:
         """A commit that acks one of this transport's leases is about to be queued: the commit or
         exchange that carries it also carries one claim, after it, for every slot the commits in
         it free (one claim statement for them all: its cost is its own, not its rows'). Returns
         the claim's task, for the commit to wait on, or None before the first claim. Leases still
         buffered do not hold it back (they count against the window as held): on a far primary,
         a claim that waited for the buffer to empty would leave the link idle for a round trip.
-        The commit calls `commit_ended(freed)` once it is over, whatever became of it."""
+        The commit calls `commit_ended` once it is over, whatever became of it."""
         if self._wanted is None:
             return None
-        self._freeing += freed  # the slots the commit's acks free (a run's members)
+        self._freeing += 1  # the slot the commit frees: its run's
         if self._tail is None:
             tail = _TailClaim()
             future = self.path.executor.deferred(functools.partial(self._tail_statements, tail))
             self._tail = self._spawn(self._tail_settled(tail, future))
         return self._tail
 
-    def commit_ended(self, freed: int = 1) -> None:
-        """The commit that `claim_with_commit` counted is over: its leases are acked, or still held."""
-        self._freeing -= freed
+    def commit_ended(self) -> None:
+        """The commit that `claim_with_commit` counted is over: its run is settled, or still held."""
+        self._freeing -= 1
 
     def _tail_statements(self, tail: _TailClaim) -> list[Stmt]:
         """The claim, made as its commit or exchange is put together: the free slots then."""
         self._tail = None
-        free = self.concurrency - len(self.path.held) - self._claiming + self._freeing
+        free = self.concurrency - len(self.path.runs) - self._claiming + self._freeing
         if free < 1 or self._wanted is None:
             return []
         self._claiming += free
@@ -318,7 +328,7 @@ class EventTransport(Settling, DeadLetters):
         tail.token, params = sql.claim_params(worker_id, visibility, min_priority, keys, self.path.now())
         tail.limited, self._limited = self._limited > 0, max(self._limited - 1, 0)  # as `_claim_once`
         tail.visibility = visibility
-        return [Stmt(self._claim_statement(bool(keys), True, tail.limited), (*params, free, *self._run_args(True)))]
+        return [Stmt(self._claim_statement(bool(keys), True, tail.limited), (*params, free, *self._run_args(True, free)))]
 
     async def _tail_settled(self, tail: _TailClaim, future: asyncio.Future) -> None:
         """Hold what the claim leased, or, when its answer was lost, what its token holds; a
@@ -358,7 +368,7 @@ class EventTransport(Settling, DeadLetters):
             await asyncio.gather(*list(self._tails), return_exceptions=True)
 
     def _claim_statement(self, keyed: bool, with_execution: bool, limited: bool) -> str:
-        runs = bool(self._run_args(with_execution))
+        runs = self._runs(with_execution)
         statement = self._sql.get((keyed, with_execution, limited, runs))
         if statement is None:
             statement = self._sql[(keyed, with_execution, limited, runs)] = sql.claim_sql(
@@ -368,7 +378,7 @@ class EventTransport(Settling, DeadLetters):
 
     def _returning(self, with_execution: bool, *, after_trigger: bool = False) -> str:
         s = self.path.store
-        heads_of = self.path.queue.messages if self._run_args(with_execution) else None
+        heads_of = self.path.queue.messages if self._runs(with_execution) else None
         return sql.claim_returning(
             s.executions, s.processed_events, with_execution, after_trigger=after_trigger, heads_of=heads_of
         )

@@ -78,7 +78,7 @@ class Run:
     def settle(self, lease: Lease) -> None:
         """A member's handling ended in an ack: its delete goes with the run's next commit."""
         self.processed[str(lease.event.id)] = True
-        if lease not in self.settled:
+        if not self.settled or self.settled[-1] is not lease:  # members settle in order, each once
             self.settled.append(lease)
 
     def sent(self, write: Write | None) -> None:

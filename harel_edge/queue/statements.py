@@ -55,9 +55,9 @@ def claim_sql(
     """The claim in one statement: the spec's selection and its lease (`many`: up to `?7` groups'
     heads), skipping the groups of a key at its concurrency or rate limit. Parameters: token,
     now, visibility, min_priority, keys as a JSON array (any number of them: one parameter),
-    now[, n[, the longest run]]. Its cost is flat in the groups waiting.
+    now[, n[, the longest run, the most messages]]. Its cost is flat in the groups waiting.
 
-    `runs`: each group's head comes with the messages after it (`run_sql`), `?7` messages in all.
+    `runs`: each group's head comes with the messages after it (`run_sql`), `?9` messages in all.
     `limited=False`: the claim for a database with no limits set, which does not read them
     (a fifth less work) and fails, changing nothing, if any limit is set (`limits_were_set`)."""
     keyed = bool(routing_keys)
@@ -110,7 +110,7 @@ def claim_sql(
     leased = "pick"
     if runs:
         ctes += f", pick(seq, rank, lk) AS ({ranked}), {run_sql(n, now, limited)}"
-        ranked, leased = "SELECT seq, rank, lk FROM run ORDER BY k, rank LIMIT ?7", "leased"
+        ranked, leased = "SELECT seq, rank, lk FROM run ORDER BY k, rank LIMIT ?9", "leased"
     return (
         f"WITH RECURSIVE {ctes}, {leased}(seq, rank, lk) AS ({ranked}),"
         f" b(base) AS (SELECT {base})"
@@ -125,7 +125,7 @@ def run_sql(n: EdgeNames, now: str, limited: bool) -> str:
     """Each picked head and the messages after it in its group, in order, up to `?8` a group: each
     one free (not in flight, not delayed or debounced before its time). A head delivered before
     comes alone (a message that failed, or whose worker died, is tried on its own), and so does
-    one of a key with a rate limit (each claim of it counts). Heads first: `?7` bounds the rows."""
+    one of a key with a rate limit (each claim of it counts). Heads first: `?9` bounds the rows."""
     rated = (
         f" AND (run.lk IS NULL OR NOT EXISTS (SELECT 1 FROM {FlowNames(n.prefix).limits} l"
         " WHERE l.key = run.lk AND l.rate IS NOT NULL))"

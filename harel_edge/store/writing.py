@@ -90,7 +90,7 @@ class Writing:
         `lease`) the member it stopped at parked or given back with those after it, and the next
         claim; mid-run, the lease of the members to come renewed. Returns `rest`'s results."""
         q, now = self.path.queue, self.path.now()
-        acked = [*run.settled, *([lease] if lease is not None and lease not in run.settled else [])]
+        acked = [*run.settled, *([lease] if lease is not None and not (run.settled and run.settled[-1] is lease) else [])]
         last = lease is None or run.is_last(lease)
         tail: list[Stmt] = []
         stopped = run.stopped[0] if last and run.stopped is not None else None
@@ -107,8 +107,7 @@ class Writing:
             settling.append(queue_sql.ack_many_statement(q, acked))
         settling.extend(tail)
         transport = self.path.claimer
-        freed = len(run.members) - run.released if last else 0
-        claim = transport.claim_with_commit(freed) if transport is not None and freed else None
+        claim = transport.claim_with_commit() if transport is not None and last else None  # for the run's slot
         try:
             results = await self._write_unit(
                 write, settling, "store.commit", emits=emits, emits_at=rest_at, acked=acked, acked_at=acked_at
@@ -118,10 +117,10 @@ class Writing:
             raise
         finally:
             if claim is not None:
-                transport.commit_ended(freed)
+                transport.commit_ended()
         done = queue_sql.acked(acked, {(row[0], row[1]) for row in results[acked_at].rows}) if acked else []
-        if lease in acked:  # harel's ack that follows finds it
-            self.path.acked_by_commit[(lease.seq, lease.token)] = done[acked.index(lease)]
+        if lease is not None:  # harel's ack that follows finds it
+            self.path.acked_by_commit[(lease.seq, lease.token)] = done[-1]
         kept = [(member, one) for member, one in zip(acked, done, strict=True) if member is not lease]
         self._finish([member for member, _ in kept], [one for _, one in kept], "ack")
         if stopped is not None:

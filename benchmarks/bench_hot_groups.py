@@ -1,0 +1,230 @@
+"""Hot groups: one worker's rate when a few executions have many events queued (a device streaming
+readings, an order receiving its steps at once), against harel 0.9's own worker on the same shape.
+
+Each shape is `groups x events`: that many executions of a counter statechart (a Start, then
+Ticks that each add one), every event queued before ONE worker (`run_worker`, what `harel-edge
+worker` runs) starts. Reported per cell: events/s from the worker's start (its loops about to
+run) to the queue empty, the first claim's round trip included,
+the same per group, the rate as a share of the same profile's at 0 ms, and whether every counter
+ended at its number of ticks. sqld and replica reach a real sqld through `LatencyProxy` at each
+round trip of `--rtts`; `harel` is harel 0.9's own `AsyncWorker` on its SQLite store and transport
+(one file), the peer for the local rows.
+
+    .venv/bin/python benchmarks/bench_hot_groups.py
+    .venv/bin/python benchmarks/bench_hot_groups.py --shapes 4x301 --profiles sqld,replica --rtts 0,100
+    .venv/bin/python benchmarks/bench_hot_groups.py --max-run 1        # one commit an event, for contrast
+
+Each cell runs in a process of its own, with a primary of its own. Compare rows of one run: the
+machine is shared and noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harel.engine.execution import Execution
+from harel.spec.states import Event
+
+from harel_edge import logs
+from harel_edge.executor import Stmt, open_executor
+from harel_edge.migration import prepare_database
+from harel_edge.queue import LibsqlTransport, Message
+from harel_edge.settings import ExplicitSettings
+from harel_edge.store import EdgeStore
+from harel_edge.worker import WorkerOptions, run_worker, tune_garbage_collector
+
+COUNTER = """
+event Tick {}
+
+machine counter {
+  context {
+    n: int = 0
+  }
+  initial Counting
+  state Counting {}
+  from Counting to Counting on Tick set context.n = context.n + 1
+}
+"""
+POLL = 0.005  # seconds between looks at the queue's depth
+
+
+def shape(text: str) -> tuple[int, int]:
+    groups, events = text.split("x")
+    return int(groups), int(events)
+
+
+def messages(groups: int, events: int) -> list[Message]:
+    """Every group's Start, then its Ticks; published group after group, as a burst arrives."""
+    return [
+        Message(f"c-{g:04d}", Event(kind="Start" if i == 0 else "Tick"))
+        for g in range(groups)
+        for i in range(events)
+    ]
+
+
+async def drain(depth, started: asyncio.Future, timeout: float) -> float:  # noqa: ANN001
+    """Seconds from the worker's start (`started`: its loops about to run, the schema in place) to
+    the queue empty, polling `depth`: the first claim's round trip counts, as a user waits for it."""
+    began = await asyncio.wait_for(started, timeout)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await depth() == 0:
+            return time.perf_counter() - began
+        await asyncio.sleep(POLL)
+    raise SystemExit(f"the queue did not drain within {timeout} s")
+
+
+async def run_edge(settings: ExplicitSettings, direct: ExplicitSettings, groups: int, events: int, definitions: Path, timeout: float) -> dict:
+    """`direct` reaches the data without the proxy: seeding and the depth polls."""
+    prepare_database(direct)
+    with EdgeStore(direct, create_schema=False) as store, LibsqlTransport(settings=direct, create_schema=False) as transport:
+        for g in range(groups):
+            store.save(Execution(id=f"c-{g:04d}", definition_id="counter", context={"n": 0}))
+        transport.publish_many(messages(groups, events))
+    watcher = open_executor(direct)
+    p = settings.prefix
+
+    async def depth() -> int:
+        return int((await watcher.execute(Stmt(f"SELECT count(*) FROM {p}_transport_messages"))).rows[0][0])
+
+    stop, started = asyncio.Event(), asyncio.get_running_loop().create_future()
+    options = WorkerOptions(definitions_dir=str(definitions), idle_sleep=0.005)
+    worker = asyncio.create_task(run_worker(settings, options, stop, ready=lambda: started.set_result(time.perf_counter())))
+    seconds = await drain(depth, started, timeout)
+    stop.set()
+    await worker
+    rows = (await watcher.execute(Stmt(f"SELECT json_extract(data, '$.context.n') FROM {p}_executions"))).rows
+    await watcher.aclose()
+    return {"seconds": seconds, "counts_right": len(rows) == groups and all(r[0] == events - 1 for r in rows)}
+
+
+async def run_harel(db: Path, groups: int, events: int, definitions: Path, timeout: float) -> dict:
+    """harel 0.9's own async worker on its SQLite store and transport, on one file."""
+    from harel.engine.aio.distributed import AsyncWorker  # noqa: PLC0415
+    from harel.engine.aio_store import AsyncSqliteStore  # noqa: PLC0415
+    from harel.engine.aio_transport import AsyncSqliteTransport  # noqa: PLC0415
+    from harel.engine.store import SqliteStore  # noqa: PLC0415
+    from harel.engine.transport import SqliteTransport  # noqa: PLC0415
+    from harel.worker import load_definitions  # noqa: PLC0415
+
+    seed_store, seed_transport = SqliteStore(str(db)), SqliteTransport(str(db))
+    for g in range(groups):
+        seed_store.save(Execution(id=f"c-{g:04d}", definition_id="counter", context={"n": 0}))
+    for message in messages(groups, events):
+        seed_transport.publish(message.group_id, message.event)
+    store, transport = await AsyncSqliteStore.create(str(db)), await AsyncSqliteTransport.create(str(db))
+    worker = AsyncWorker(store, transport, load_definitions(str(definitions)), worker_id="harel", concurrency=32)
+
+    async def depth() -> int:
+        return seed_transport._conn.execute("SELECT count(*) FROM harel_transport_messages").fetchone()[0]
+
+    stop, started = asyncio.Event(), asyncio.get_running_loop().create_future()
+    started.set_result(time.perf_counter())
+    running = asyncio.create_task(worker.run(stop, idle_sleep=0.005))
+    seconds = await drain(depth, started, timeout)
+    stop.set()
+    await running
+    counts = [r[0] for r in seed_store._conn.execute("SELECT json_extract(data, '$.context.n') FROM harel_executions")]
+    await store.close()
+    await transport.close()
+    return {"seconds": seconds, "counts_right": len(counts) == groups and all(c == events - 1 for c in counts)}
+
+
+def run_cell(profile: str, rtt: float, groups: int, events: int, max_run: int | None, timeout: float) -> dict:
+    """One cell, in this process: its own file or primary (and proxy)."""
+    tune_garbage_collector()  # as a worker process does (`serve`)
+    logs.configure_logging(level="warning", stream=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        definitions = Path(tmp) / "definitions"
+        definitions.mkdir()
+        (definitions / "counter.stm").write_text(COUNTER)
+        if profile == "harel":
+            return asyncio.run(run_harel(Path(tmp) / "harel.db", groups, events, definitions, timeout))
+        common = {"prefix": "hot", "worker_id": "hot", **({"max_run": max_run} if max_run else {})}
+        if profile == "local":
+            settings = ExplicitSettings.load(profile="local", db_path=str(Path(tmp) / "edge.db"), **common)
+            return asyncio.run(run_edge(settings, settings, groups, events, definitions, timeout))
+        from harel_edge.testing import start_sqld_primary  # noqa: PLC0415
+        from harel_edge.testing.proxy import LatencyProxy  # noqa: PLC0415
+
+        with start_sqld_primary() as server, LatencyProxy(server.http_port, delay=rtt / 2000) as proxy:
+            common["auth_token"] = server.rw_token
+            direct = ExplicitSettings.load(profile="sqld", url=server.http_url, **common)
+            if profile == "sqld":
+                settings = ExplicitSettings.load(profile="sqld", url=proxy.url, **common)
+            else:
+                settings = ExplicitSettings.load(
+                    profile="replica", db_path=str(Path(tmp) / "replica.db"), sync_url=proxy.url, **common
+                )
+            return asyncio.run(run_edge(settings, direct, groups, events, definitions, timeout))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="1x1001,4x301,400x4", help="groups x events, comma-separated")
+    parser.add_argument("--profiles", default="harel,local,sqld,replica")
+    parser.add_argument("--rtts", default="0,100", help="round trips to the primary (sqld, replica), milliseconds")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--max-run", type=int, help="HAREL_EDGE_MAX_RUN of the worker (default: the setting's)")
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--cell", help=argparse.SUPPRESS)  # "profile,rtt,shape": one cell, its row as JSON
+    args = parser.parse_args()
+    if args.cell:
+        profile, rtt, text = args.cell.split(",")
+        print(json.dumps(run_cell(profile, float(rtt), *shape(text), args.max_run, args.timeout)))
+        return
+    cells: dict[tuple[str, str, float], list[float]] = {}
+    right = True
+    for _ in range(args.rounds):
+        for text in args.shapes.split(","):
+            for profile in args.profiles.split(","):
+                for rtt in [float(x) for x in args.rtts.split(",")] if profile in ("sqld", "replica") else [0.0]:
+                    command = [sys.executable, __file__, "--cell", f"{profile},{rtt:g},{text}", "--timeout", str(args.timeout)]
+                    if args.max_run:
+                        command += ["--max-run", str(args.max_run)]
+                    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
+                    row = json.loads(done.stdout.strip().splitlines()[-1])
+                    groups, events = shape(text)
+                    cells.setdefault((text, profile, rtt), []).append(groups * events / row["seconds"])
+                    right = right and row["counts_right"]
+                    print(f"{text} {profile} {rtt:g} ms: {row}", file=sys.stderr)
+    run_note = f"HAREL_EDGE_MAX_RUN={args.max_run}" if args.max_run else "default HAREL_EDGE_MAX_RUN"
+    print(f"\nOne worker, counter statechart, events queued first, median of {args.rounds} rounds, {run_note}\n")
+    print("| shape | worker | RTT (ms) | events/s | per group | vs harel's worker | vs 0 ms |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    table = []
+    for (text, profile, rtt), rates in cells.items():
+        rate = statistics.median(rates)
+        harel = cells.get((text, "harel", 0.0))
+        at_0 = cells.get((text, profile, 0.0))
+        row = {
+            "shape": text,
+            "worker": profile,
+            "rtt_ms": rtt,
+            "events_per_s": round(rate),
+            "per_group": round(rate / shape(text)[0], 1),
+            "vs_harel": round(rate / statistics.median(harel), 2) if harel and profile == "local" else None,
+            "vs_0ms": round(rate / statistics.median(at_0), 2) if at_0 and profile in ("sqld", "replica") else None,
+        }
+        table.append(row)
+        vs_harel = f"{row['vs_harel']:.2f}x" if row["vs_harel"] else ""
+        vs_0 = f"{row['vs_0ms']:.2f}x" if row["vs_0ms"] else ""
+        print(f"| {text} | {profile} | {rtt:g} | {row['events_per_s']} | {row['per_group']} | {vs_harel} | {vs_0} |")
+    print(f"\nevery counter right: {right}")
+    if args.json:
+        args.json.write_text(json.dumps(table, indent=2))
+    if not right:
+        raise SystemExit("a counter ended wrong: an event was lost or applied twice")
+
+
+if __name__ == "__main__":
+    main()
