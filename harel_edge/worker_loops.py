@@ -35,6 +35,7 @@ class EdgeAsyncWorker(AsyncWorker):
         self.handling: set[asyncio.Task] = set()
         self._sweep: asyncio.Task | None = None  # the sweep of due timers made while events are in flight
         self._swept_at = float("-inf")
+        self._stop: asyncio.Event | None = None  # set: runs end after the member in hand
         self.window = InFlightWindow(self.concurrency, visibility=self.visibility)
         observability.watch_window(self.window)
 
@@ -43,6 +44,7 @@ class EdgeAsyncWorker(AsyncWorker):
         claimable, nack a message whose handling raised) with the window in place of its
         fixed semaphore."""
         pending: set[asyncio.Task] = set()
+        self._stop = stop
 
         async def run_one(head) -> None:  # noqa: ANN001 - harel's Lease
             began = time.monotonic()
@@ -109,7 +111,8 @@ class EdgeAsyncWorker(AsyncWorker):
     async def handle_run(self, head) -> None:  # noqa: ANN001 - harel's Lease
         """Handle a claim's run of one group, its head and the events after it, one after another,
         then send what the run kept: one commit for the lot (queue/runs.py). A failing event is
-        given back to come again later; the ones after it wait behind it, untouched."""
+        given back to come again later; the ones after it wait behind it, untouched. A stop ends
+        the run after the event in hand."""
         run = self.transport.path.run_of(head)
         lease = head
         try:
@@ -118,6 +121,8 @@ class EdgeAsyncWorker(AsyncWorker):
             else:
                 while (lease := run.next()) is not None:
                     await self._handle(lease)
+                    if self._stop is not None and self._stop.is_set():
+                        run.halted = True  # a stop finishes the event in hand; the rest go back
         except Exception:
             log.exception("handling an event failed; it comes back later", group_id=lease.group_id,
                           kind=lease.event.kind, retry_in=self.suspend_recheck)

@@ -16,8 +16,10 @@ STREAM_PIPELINE = "/v3/pipeline"
 # under it cannot commit on its own after the primary ended the transaction (its timeout).
 IN_TRANSACTION = {"type": "not", "cond": {"type": "is_autocommit"}}
 # SQL texts a grouped batch stores and names by id (`store_sql`): sqld keeps at most 50 a
-# stream, and each exchange is a stream of its own.
+# stream, and each exchange is a stream of its own; it refuses to store a text over 5 kB (and
+# then the whole exchange, whose steps name it), so a longer text is sent in full each time.
 STORED_SQL_AT_MOST = 40
+STORED_SQL_BYTES_AT_MOST = 5000
 
 
 def statement_error(error: dict[str, Any], step: int) -> StatementError:
@@ -133,8 +135,9 @@ def grouped_batch(units: list[list[Stmt]]) -> tuple[list[bytes], list[tuple[int,
     whose steps name those texts by id: a sixth fewer bytes on the wire) and, for each unit, the
     steps of its savepoint and first statement. Each unit's steps are encoded as they are made: a
     batch of 128 units held as dicts is thousands of objects for the garbage collector to go through."""
-    repeated = Counter(stmt.sql for stmts in units for stmt in stmts).most_common(STORED_SQL_AT_MOST - len(_FRAMING))
-    ids = {sql: n for n, (sql, uses) in enumerate(repeated, start=len(_FRAMING) + 1) if uses > 1}
+    uses = Counter(stmt.sql for stmts in units for stmt in stmts)
+    repeated = [sql for sql, n in uses.most_common() if n > 1 and len(sql.encode()) <= STORED_SQL_BYTES_AT_MOST]
+    ids = {sql: n for n, sql in enumerate(repeated[: STORED_SQL_AT_MOST - len(_FRAMING)], start=len(_FRAMING) + 1)}
 
     def named(stmt: Stmt) -> dict[str, Any]:
         sql_id = ids.get(stmt.sql)

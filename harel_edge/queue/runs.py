@@ -28,6 +28,7 @@ class Run:
     settled: list[Lease] = field(default_factory=list)  # members handled, their deletes not yet sent
     stopped: tuple[Lease, float] | None = None  # the member given back (nack), and its park
     failed: bool = False  # a send failed: what is kept here was not applied
+    halted: bool = False  # the worker is stopping: no member is handed after the one in hand
     handed: int = 0  # members handed to the handler
     released: int = 0  # members no longer held
     leased_at: float = field(default_factory=time.monotonic)
@@ -44,7 +45,7 @@ class Run:
 
     def next(self) -> Lease | None:
         """The next member to handle, or None once the run is over or stopped."""
-        if self.stopped is not None or self.failed or self.handed >= len(self.members):
+        if self.stopped is not None or self.failed or self.halted or self.handed >= len(self.members):
             return None
         self.handed += 1
         return self.members[self.handed - 1]

@@ -94,6 +94,7 @@ class Writing:
         last = lease is None or run.is_last(lease)
         tail: list[Stmt] = []
         stopped = run.stopped[0] if last and run.stopped is not None else None
+        unhandled = run.unhandled() if last and stopped is None else []  # a halted run's rest
         if not last and run.after(lease):
             tail.append(queue_sql.renew_statement(q, run.after(lease), run.visibility, now))
         elif stopped is not None:
@@ -101,6 +102,8 @@ class Writing:
             tail.append(queue_sql.nack_statement(q, stopped, run.stopped[1], now, error))
             if run.after(stopped):
                 tail.append(queue_sql.give_back_statement(q, run.after(stopped)))
+        elif unhandled:
+            tail.append(queue_sql.give_back_statement(q, unhandled))
         settling = [*run.pending, *rest]
         rest_at, acked_at = len(run.pending), len(settling)
         if acked:
@@ -127,6 +130,8 @@ class Writing:
             self._finish([stopped], [bool(results[acked_at + bool(acked)].rows)], "nack")
             for member in run.after(stopped):
                 self.path.release(member)
+        for member in unhandled:
+            self.path.release(member)
         run.sent(write)
         if claim is not None:  # the leases the claim after this commit took are held when it returns
             await asyncio.shield(claim)

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from harel_edge.executor import Stmt
-from harel_edge.executor.hrana import STORED_SQL_AT_MOST, UNIT_SAVEPOINT, grouped_batch
+from harel_edge.executor.hrana import STORED_SQL_AT_MOST, STORED_SQL_BYTES_AT_MOST, UNIT_SAVEPOINT, grouped_batch
 from harel_edge.executor.remote import SETTLE_SLICE, HranaExecutor
 from harel_edge.settings import ExplicitSettings
 
@@ -62,6 +62,36 @@ def test_units_sharing_a_transaction_with_more_repeated_texts_than_are_stored_al
     assert shared <= 2, f"the units shared a grouped batch ({shared} exchanges for {texts} units)"
     assert all([r.affected for r in result] == [1, 1] for result in results)
     assert rows == [(key, key // 2) for key in range(2 * texts)]
+
+
+def test_units_repeating_a_text_longer_than_sqld_stores_all_commit_in_one_exchange(sqld_primary) -> None:
+    server = sqld_primary
+    settings = ExplicitSettings.load(profile="sqld", url=server.http_url, auth_token=server.rw_token, prefix="grouped")
+    # One insert of many rows: its text is over the size sqld stores (as a run's acks of 512 leases are).
+    rows_a_unit = STORED_SQL_BYTES_AT_MOST // 6 + 1
+    sql = "INSERT INTO long_rows (k) VALUES " + ",".join(["(?)"] * rows_a_unit)
+    assert len(sql.encode()) > STORED_SQL_BYTES_AT_MOST
+    units = 4
+
+    async def run() -> tuple[list, int, int]:
+        executor = HranaExecutor(settings, linger=0.05)  # long enough for every unit to join one batch
+        try:
+            await executor.execute(Stmt("CREATE TABLE IF NOT EXISTS long_rows (k INTEGER)"))
+            await executor.execute(Stmt("DELETE FROM long_rows"))
+            exchanges = executor.exchanges
+            results = await asyncio.gather(*(
+                executor.transaction([Stmt(sql, tuple(range(u * rows_a_unit, (u + 1) * rows_a_unit)))]) for u in range(units)
+            ))
+            shared = executor.exchanges - exchanges
+            count = (await executor.execute(Stmt("SELECT count(DISTINCT k) FROM long_rows"))).rows[0][0]
+            return results, count, shared
+        finally:
+            await executor.aclose()
+
+    results, count, shared = asyncio.run(run())
+    assert shared <= 2, f"the units shared a grouped batch ({shared} exchanges for {units} units)"
+    assert all(result[0].affected == rows_a_unit for result in results)
+    assert count == units * rows_a_unit
 
 
 def test_a_shared_answer_wakes_the_carried_claim_first_and_its_other_callers_over_several_turns(sqld_primary) -> None:
