@@ -9,7 +9,12 @@ import orjson
 import pytest
 
 from harel_edge.executor import Stmt
-from harel_edge.executor.hrana import STORED_SQL_AT_MOST, STORED_SQL_BYTES_AT_MOST, UNIT_SAVEPOINT, grouped_batch
+from harel_edge.executor.hrana import (
+    STORED_SQL_AT_MOST,
+    STORED_SQL_BYTES_AT_MOST,
+    UNIT_SAVEPOINT,
+    grouped_batch,
+)
 from harel_edge.executor.remote import SETTLE_SLICE, HranaExecutor
 from harel_edge.settings import ExplicitSettings
 
