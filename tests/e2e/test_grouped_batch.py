@@ -73,7 +73,7 @@ def test_units_repeating_a_text_longer_than_sqld_stores_all_commit_in_one_exchan
     server = sqld_primary
     settings = ExplicitSettings.load(profile="sqld", url=server.http_url, auth_token=server.rw_token, prefix="grouped")
     # One insert of many rows: its text is over the size sqld stores (as a run's acks of 512 leases are).
-    rows_a_unit = STORED_SQL_BYTES_AT_MOST // 6 + 1
+    rows_a_unit = STORED_SQL_BYTES_AT_MOST // len("(?),") + 1
     sql = "INSERT INTO long_rows (k) VALUES " + ",".join(["(?)"] * rows_a_unit)
     assert len(sql.encode()) > STORED_SQL_BYTES_AT_MOST
     units = 4
