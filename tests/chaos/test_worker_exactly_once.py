@@ -1,10 +1,12 @@
 """The edge worker through a 100 ms link, its window following it, while it is killed and its
 primary is paused and killed.
 
-Each execution is a chain of states, one event a step (Start, then E1..E20), and each step adds one
+Each execution is a chain of states, one event a step (Start, then E1..En), and each step adds one
 to `count`: an event applied twice overshoots, a lost one stalls the chain, an event out of order
-finds no transition. So, at the end, every execution in its final state with count 20 and 21
-processed events means every event was applied exactly once, in order. Workers (`harel-edge
+finds no transition. So, at the end, every execution in its final state with count n and n + 1
+processed events means every event was applied exactly once, in order. Two shapes: many executions
+of a few steps (60 x 20), and a few hot ones (4 x 150) whose queued steps come in runs under one
+lease (bounded at 16 here, so the queue outlasts the faults). Workers (`harel-edge
 worker`, two processes) are SIGKILLed while they hold leases (between the claim and the commit),
 and the primary is paused for longer than a lease and later killed and restarted.
 
@@ -34,8 +36,7 @@ from harel_edge.testing import wait_until
 from harel_edge.testing.proxy import LatencyProxy
 
 COMMAND = str(Path(__import__("sys").executable).parent / "harel-edge")
-STEPS = 20
-EXECUTIONS = 60
+SHAPES = {"many": (60, 20, None), "hot": (4, 150, 16)}  # executions, steps, HAREL_EDGE_MAX_RUN
 VISIBILITY = 3.0
 PROGRESS_BETWEEN_FAULTS = 10  # events processed with the gate open before the next fault
 
@@ -54,21 +55,21 @@ def gate_action(directory: Path, gate: Path) -> None:
     )
 
 
-def chain_definition(directory: Path) -> None:
-    events = "\n".join(f"event E{i} {{}}" for i in range(1, STEPS + 1))
-    states = "\n".join(f"  state S{i} {{ on enter wait_at_gate }}" for i in range(STEPS))
+def chain_definition(directory: Path, steps: int) -> None:
+    events = "\n".join(f"event E{i} {{}}" for i in range(1, steps + 1))
+    states = "\n".join(f"  state S{i} {{ on enter wait_at_gate }}" for i in range(steps))
     moves = "\n".join(
-        f"  from S{i - 1} to S{i} on E{i} set context.count = context.count + 1" for i in range(1, STEPS + 1)
+        f"  from S{i - 1} to S{i} on E{i} set context.count = context.count + 1" for i in range(1, steps + 1)
     )
     (directory / "chain.stm").write_text(
         "bind {\n  wait_at_gate = chaos_gate.wait_at_gate\n}\n"
         f"{events}\n"
         "machine chain {\n  context {\n    count: int = 0\n  }\n"
-        f"  initial S0\n{states}\n  final S{STEPS} success\n{moves}\n}}\n"
+        f"  initial S0\n{states}\n  final S{steps} success\n{moves}\n}}\n"
     )
 
 
-def worker_env(profile: str, proxy: LatencyProxy, server, prefix: str, n: int, tmp: Path) -> dict[str, str]:
+def worker_env(profile: str, proxy: LatencyProxy, server, prefix: str, n: int, tmp: Path, max_run: int | None) -> dict[str, str]:
     import os  # noqa: PLC0415
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HAREL_", "RUST_LOG"))}
@@ -82,6 +83,8 @@ def worker_env(profile: str, proxy: LatencyProxy, server, prefix: str, n: int, t
         HAREL_EDGE_RETRY_MAX_DELAY="1",
         PYTHONPATH=str(tmp / "actions"),
     )
+    if max_run is not None:
+        env["HAREL_EDGE_MAX_RUN"] = str(max_run)
     if profile == "sqld":
         env["HAREL_EDGE_URL"] = proxy.url
     else:
@@ -99,25 +102,27 @@ def start(env: dict[str, str], definitions: Path, cwd: Path) -> subprocess.Popen
     )
 
 
+@pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("profile", ["sqld", "replica"])
 def test_every_event_is_applied_exactly_once_in_order_while_workers_are_killed_and_the_primary_fails(
-    fresh_sqld_primary, tmp_path, profile
+    fresh_sqld_primary, tmp_path, profile, shape
 ):
     server = fresh_sqld_primary
+    executions, steps, max_run = SHAPES[shape]
     prefix = f"chaos_{profile}"
     direct = ExplicitSettings.load(profile="sqld", url=server.http_url, auth_token=server.rw_token, prefix=prefix)
     definitions, actions, gate = tmp_path / "definitions", tmp_path / "actions", tmp_path / "gate"
     definitions.mkdir()
     actions.mkdir()
-    chain_definition(definitions)
+    chain_definition(definitions, steps)
     gate_action(actions, gate)
     gate.touch()  # shut until the first fault: claimed events wait in their handlers
     store = EdgeStore(direct)
     transport = LibsqlTransport(settings=store.settings)
-    ids = [f"chain-{i:03d}" for i in range(EXECUTIONS)]
+    ids = [f"chain-{i:03d}" for i in range(executions)]
     for execution_id in ids:
         store.save(Execution(id=execution_id, definition_id="chain", context={"count": 0}))
-    kinds = ["Start", *(f"E{step}" for step in range(1, STEPS + 1))]
+    kinds = ["Start", *(f"E{step}" for step in range(1, steps + 1))]
     transport.publish_many((execution_id, Event(kind=kind), 0, None) for kind in kinds for execution_id in ids)
     store.close()
 
@@ -141,7 +146,7 @@ def test_every_event_is_applied_exactly_once_in_order_while_workers_are_killed_a
 
     kills, held_at_kill, faults = 0, 0, []
     with LatencyProxy(server.http_port, delay=0.050) as proxy:
-        envs = [worker_env(profile, proxy, server, prefix, n, tmp_path) for n in range(2)]
+        envs = [worker_env(profile, proxy, server, prefix, n, tmp_path, max_run) for n in range(2)]
         workers = [start(env, definitions, tmp_path) for env in envs]
         deadline = time.monotonic() + 300
 
@@ -168,7 +173,7 @@ def test_every_event_is_applied_exactly_once_in_order_while_workers_are_killed_a
                     workers[n].send_signal(signal.SIGKILL)
                     workers[n].wait(timeout=30)
                     kills += 1
-                    envs[n] = worker_env(profile, proxy, server, prefix, n, tmp_path)
+                    envs[n] = worker_env(profile, proxy, server, prefix, n, tmp_path, max_run)
                     workers[n] = start(envs[n], definitions, tmp_path)
                 elif action == "pause primary":
                     gate.unlink()  # events in flight while the primary stops answering
@@ -203,20 +208,21 @@ def test_every_event_is_applied_exactly_once_in_order_while_workers_are_killed_a
     counts = {eid: final[eid]["context"].get("count", 0) for eid in ids}
     report = {
         "profile": profile,
+        "shape": shape,
         "executions": len(ids),
-        "events": len(ids) * (STEPS + 1),
+        "events": len(ids) * (steps + 1),
         "worker kills": kills,
         "leases held at the kills": held_at_kill,
         "primary faults": faults,
         "left in queue": left,
-        "executions complete": sum(1 for eid in ids if counts[eid] == STEPS and final[eid]["status"] == "DONE"),
-        "executions short": sorted(eid for eid in ids if counts[eid] < STEPS),
-        "executions over": sorted(eid for eid in ids if counts[eid] > STEPS),
+        "executions complete": sum(1 for eid in ids if counts[eid] == steps and final[eid]["status"] == "DONE"),
+        "executions short": sorted(eid for eid in ids if counts[eid] < steps),
+        "executions over": sorted(eid for eid in ids if counts[eid] > steps),
     }
     print(json.dumps(report, indent=2))
     assert faults == ["paused", "killed"], "the primary really was paused and killed"
     assert kills == plan.count("kill") and held_at_kill >= kills, f"workers were killed while holding leases: {report}"
     assert left == 0, f"every event was delivered: {report}"
-    assert all(counts[eid] == STEPS for eid in ids), f"every event applied exactly once: {report}"
+    assert all(counts[eid] == steps for eid in ids), f"every event applied exactly once: {report}"
     assert all(final[eid]["status"] == "DONE" for eid in ids), "every chain reached its final state"
-    assert all(processed.get(eid) == STEPS + 1 for eid in ids), "Start and every step's event processed once per execution"
+    assert all(processed.get(eid) == steps + 1 for eid in ids), "Start and every step's event processed once per execution"
