@@ -16,6 +16,15 @@ round trip of `--rtts`; `harel` is harel 0.9's own `AsyncWorker` on its SQLite s
 
 Each cell runs in a process of its own, with a primary of its own. Compare rows of one run: the
 machine is shared and noisy.
+
+`--offered RATE` measures the worker's event loop at a fixed offered load instead (a lag measured
+at saturation only measures the queue's length): a publisher process queues RATE Ticks a second,
+round robin over the groups of each shape, for `--seconds`, straight to the primary, while a
+ticker in the worker's loop asks for a 1 ms sleep again and again. Reported: how late the ticker
+woke (p50, p99, worst) while the load was offered, the rate the worker kept up with, and whether
+every counter ended right. Take RATE as half the saturated rate of the same shape and profile.
+
+    .venv/bin/python benchmarks/bench_hot_groups.py --offered 500 --shapes 4x1 --profiles sqld,replica --rtts 100
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -138,7 +148,76 @@ async def run_harel(db: Path, groups: int, events: int, definitions: Path, timeo
     return {"seconds": seconds, "counts_right": len(counts) == groups and all(c == events - 1 for c in counts)}
 
 
-def run_cell(profile: str, rtt: float, groups: int, events: int, max_run: int | None, timeout: float) -> dict:
+async def ticking(lags: list[float], stop: asyncio.Event) -> None:
+    """How late a 1 ms sleep wakes, again and again, until `stop`."""
+    while not stop.is_set():
+        began = time.perf_counter()
+        await asyncio.sleep(0.001)
+        lags.append(time.perf_counter() - began - 0.001)
+
+
+def publish_at(settings: ExplicitSettings, groups: int, rate: float, seconds: float) -> None:
+    """The publisher process: `rate` Ticks a second, round robin over the groups, in 10 ms batches."""
+    with LibsqlTransport(settings=settings, create_schema=False) as transport:
+        began, sent, total = time.monotonic(), 0, int(rate * seconds)
+        while sent < total:
+            due = min(total, int((time.monotonic() - began) * rate) + 1)
+            if due > sent:
+                transport.publish_many(Message(f"c-{(sent + i) % groups:04d}", Event(kind="Tick")) for i in range(due - sent))
+                sent = due
+            time.sleep(0.01)
+
+
+async def run_offered(settings: ExplicitSettings, direct: ExplicitSettings, groups: int, rate: float, seconds: float,
+                      definitions: Path, timeout: float) -> dict:
+    """The worker under `rate` events a second from a publisher process; the loop's lag meanwhile."""
+    prepare_database(direct)
+    with EdgeStore(direct, create_schema=False) as store, LibsqlTransport(settings=direct, create_schema=False) as transport:
+        for g in range(groups):
+            store.save(Execution(id=f"c-{g:04d}", definition_id="counter", context={"n": 0}))
+        transport.publish_many(messages(groups, 1))
+    watcher = open_executor(direct)
+    p = settings.prefix
+
+    async def depth() -> int:
+        return int((await watcher.execute(Stmt(f"SELECT count(*) FROM {p}_transport_messages"))).rows[0][0])
+
+    stop, started = asyncio.Event(), asyncio.get_running_loop().create_future()
+    options = WorkerOptions(definitions_dir=str(definitions), idle_sleep=0.005)
+    worker = asyncio.create_task(run_worker(settings, options, stop, ready=lambda: started.set_result(time.perf_counter())))
+    await asyncio.wait_for(started, timeout)
+    await drain(depth, started, timeout)  # the Starts: the executions are running when the load begins
+    lags: list[float] = []
+    ticked = asyncio.Event()
+    ticker = asyncio.create_task(ticking(lags, ticked))
+    where = {"profile": direct.profile, "prefix": p, "db_path": direct.db_path, "url": direct.url}
+    command = [sys.executable, __file__, "--publish", json.dumps([where, groups, rate, seconds])]
+    token = {"PUBLISH_TOKEN": direct.auth_token.get_secret_value()} if direct.auth_token else {}  # not on a command line
+    began = time.perf_counter()
+    publisher = await asyncio.create_subprocess_exec(*command, env={**os.environ, **token})
+    await publisher.wait()
+    ticked.set()
+    await ticker
+    done = asyncio.get_running_loop().create_future()
+    done.set_result(began)
+    seconds_to_empty = await drain(depth, done, timeout)
+    stop.set()
+    await worker
+    rows = (await watcher.execute(Stmt(f"SELECT json_extract(data, '$.context.n') FROM {p}_executions"))).rows
+    await watcher.aclose()
+    lags.sort()
+    total = int(rate * seconds)
+    return {
+        "lag_p50_ms": round(1000 * lags[len(lags) // 2], 3),
+        "lag_p99_ms": round(1000 * lags[int(len(lags) * 0.99)], 3),
+        "lag_max_ms": round(1000 * lags[-1], 3),
+        "kept_up_per_s": round(total / seconds_to_empty),
+        "counts_right": sum(r[0] for r in rows) == total and len(rows) == groups,
+    }
+
+
+def run_cell(profile: str, rtt: float, groups: int, events: int, max_run: int | None, timeout: float,
+             offered: tuple[float, float] | None = None) -> dict:
     """One cell, in this process: its own file or primary (and proxy)."""
     tune_garbage_collector()  # as a worker process does (`serve`)
     logs.configure_logging(level="warning", stream=sys.stderr)
@@ -151,6 +230,8 @@ def run_cell(profile: str, rtt: float, groups: int, events: int, max_run: int | 
         common = {"prefix": "hot", "worker_id": "hot", **({"max_run": max_run} if max_run else {})}
         if profile == "local":
             settings = ExplicitSettings.load(profile="local", db_path=str(Path(tmp) / "edge.db"), **common)
+            if offered:
+                return asyncio.run(run_offered(settings, settings, groups, *offered, definitions, timeout))
             return asyncio.run(run_edge(settings, settings, groups, events, definitions, timeout))
         from harel_edge.testing import start_sqld_primary  # noqa: PLC0415
         from harel_edge.testing.proxy import LatencyProxy  # noqa: PLC0415
@@ -164,6 +245,8 @@ def run_cell(profile: str, rtt: float, groups: int, events: int, max_run: int | 
                 settings = ExplicitSettings.load(
                     profile="replica", db_path=str(Path(tmp) / "replica.db"), sync_url=proxy.url, **common
                 )
+            if offered:
+                return asyncio.run(run_offered(settings, direct, groups, *offered, definitions, timeout))
             return asyncio.run(run_edge(settings, direct, groups, events, definitions, timeout))
 
 
@@ -176,11 +259,23 @@ def main() -> None:
     parser.add_argument("--max-run", type=int, help="HAREL_EDGE_MAX_RUN of the worker (default: the setting's)")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--offered", type=float, help="events/s offered while the loop's lag is measured")
+    parser.add_argument("--seconds", type=float, default=10.0, help="how long the load is offered (with --offered)")
     parser.add_argument("--cell", help=argparse.SUPPRESS)  # "profile,rtt,shape": one cell, its row as JSON
+    parser.add_argument("--publish", help=argparse.SUPPRESS)  # the publisher process of --offered
     args = parser.parse_args()
+    if args.publish:
+        values, groups, rate, seconds = json.loads(args.publish)
+        values["auth_token"] = os.environ.get("PUBLISH_TOKEN")
+        publish_at(ExplicitSettings.load(**{k: v for k, v in values.items() if v is not None}), groups, rate, seconds)
+        return
+    offered = (args.offered, args.seconds) if args.offered else None
     if args.cell:
         profile, rtt, text = args.cell.split(",")
-        print(json.dumps(run_cell(profile, float(rtt), *shape(text), args.max_run, args.timeout)))
+        print(json.dumps(run_cell(profile, float(rtt), *shape(text), args.max_run, args.timeout, offered)))
+        return
+    if offered:
+        lag_main(args, offered)
         return
     cells: dict[tuple[str, str, float], list[float]] = {}
     right = True
@@ -222,6 +317,29 @@ def main() -> None:
     print(f"\nevery counter right: {right}")
     if args.json:
         args.json.write_text(json.dumps(table, indent=2))
+    if not right:
+        raise SystemExit("a counter ended wrong: an event was lost or applied twice")
+
+
+def lag_main(args: argparse.Namespace, offered: tuple[float, float]) -> None:
+    """Each cell once under the offered load: the loop's lag, and whether the worker kept up."""
+    print(f"\nOne worker, counter statechart, {offered[0]:g} events/s offered for {offered[1]:g} s\n")
+    print("| shape | worker | RTT (ms) | lag p50 (ms) | lag p99 (ms) | worst (ms) | kept up with (events/s) |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    right = True
+    for text in args.shapes.split(","):
+        for profile in args.profiles.split(","):
+            for rtt in [float(x) for x in args.rtts.split(",")] if profile in ("sqld", "replica") else [0.0]:
+                command = [sys.executable, __file__, "--cell", f"{profile},{rtt:g},{text}", "--timeout", str(args.timeout),
+                           "--offered", str(offered[0]), "--seconds", str(offered[1])]
+                if args.max_run:
+                    command += ["--max-run", str(args.max_run)]
+                done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
+                row = json.loads(done.stdout.strip().splitlines()[-1])
+                right = right and row["counts_right"]
+                print(f"| {text} | {profile} | {rtt:g} | {row['lag_p50_ms']} | {row['lag_p99_ms']} | {row['lag_max_ms']} "
+                      f"| {row['kept_up_per_s']} |")
+    print(f"\nevery counter right: {right}")
     if not right:
         raise SystemExit("a counter ended wrong: an event was lost or applied twice")
 

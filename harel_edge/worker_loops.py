@@ -121,6 +121,7 @@ class EdgeAsyncWorker(AsyncWorker):
             else:
                 while (lease := run.next()) is not None:
                     await self._handle(lease)
+                    await asyncio.sleep(0)  # a member handled in memory never suspends: the loop's turn
                     if self._stop is not None and self._stop.is_set():
                         run.halted = True  # a stop finishes the event in hand; the rest go back
         except Exception:
