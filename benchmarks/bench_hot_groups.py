@@ -92,28 +92,40 @@ async def drain(depth, started: asyncio.Future, timeout: float) -> float:  # noq
     raise SystemExit(f"the queue did not drain within {timeout} s")
 
 
+class Seeded:
+    """The counters seeded through `direct` (no proxy), each with `events` queued, and one worker
+    (`run_worker`) on `settings` started on them; `depth` and `counts` read through `direct`."""
+
+    def __init__(self, settings: ExplicitSettings, direct: ExplicitSettings, groups: int, events: int, definitions: Path) -> None:
+        prepare_database(direct)
+        with EdgeStore(direct, create_schema=False) as store, LibsqlTransport(settings=direct, create_schema=False) as transport:
+            for g in range(groups):
+                store.save(Execution(id=f"c-{g:04d}", definition_id="counter", context={"n": 0}))
+            transport.publish_many(messages(groups, events))
+        self.watcher, self.prefix = open_executor(direct), settings.prefix
+        self.stop, self.started = asyncio.Event(), asyncio.get_running_loop().create_future()
+        options = WorkerOptions(definitions_dir=str(definitions), idle_sleep=0.005)
+        ready = lambda: self.started.set_result(time.perf_counter())  # noqa: E731
+        self.worker = asyncio.create_task(run_worker(settings, options, self.stop, ready=ready))
+
+    async def depth(self) -> int:
+        return int((await self.watcher.execute(Stmt(f"SELECT count(*) FROM {self.prefix}_transport_messages"))).rows[0][0])
+
+    async def counts(self) -> list[int]:
+        """Stops the worker; every counter's count."""
+        self.stop.set()
+        await self.worker
+        rows = (await self.watcher.execute(Stmt(f"SELECT json_extract(data, '$.context.n') FROM {self.prefix}_executions"))).rows
+        await self.watcher.aclose()
+        return [row[0] for row in rows]
+
+
 async def run_edge(settings: ExplicitSettings, direct: ExplicitSettings, groups: int, events: int, definitions: Path, timeout: float) -> dict:
     """`direct` reaches the data without the proxy: seeding and the depth polls."""
-    prepare_database(direct)
-    with EdgeStore(direct, create_schema=False) as store, LibsqlTransport(settings=direct, create_schema=False) as transport:
-        for g in range(groups):
-            store.save(Execution(id=f"c-{g:04d}", definition_id="counter", context={"n": 0}))
-        transport.publish_many(messages(groups, events))
-    watcher = open_executor(direct)
-    p = settings.prefix
-
-    async def depth() -> int:
-        return int((await watcher.execute(Stmt(f"SELECT count(*) FROM {p}_transport_messages"))).rows[0][0])
-
-    stop, started = asyncio.Event(), asyncio.get_running_loop().create_future()
-    options = WorkerOptions(definitions_dir=str(definitions), idle_sleep=0.005)
-    worker = asyncio.create_task(run_worker(settings, options, stop, ready=lambda: started.set_result(time.perf_counter())))
-    seconds = await drain(depth, started, timeout)
-    stop.set()
-    await worker
-    rows = (await watcher.execute(Stmt(f"SELECT json_extract(data, '$.context.n') FROM {p}_executions"))).rows
-    await watcher.aclose()
-    return {"seconds": seconds, "counts_right": len(rows) == groups and all(r[0] == events - 1 for r in rows)}
+    seeded = Seeded(settings, direct, groups, events, definitions)
+    seconds = await drain(seeded.depth, seeded.started, timeout)
+    counts = await seeded.counts()
+    return {"seconds": seconds, "counts_right": len(counts) == groups and all(n == events - 1 for n in counts)}
 
 
 async def run_harel(db: Path, groups: int, events: int, definitions: Path, timeout: float) -> dict:
@@ -171,40 +183,22 @@ def publish_at(settings: ExplicitSettings, groups: int, rate: float, seconds: fl
 async def run_offered(settings: ExplicitSettings, direct: ExplicitSettings, groups: int, rate: float, seconds: float,
                       definitions: Path, timeout: float) -> dict:
     """The worker under `rate` events a second from a publisher process; the loop's lag meanwhile."""
-    prepare_database(direct)
-    with EdgeStore(direct, create_schema=False) as store, LibsqlTransport(settings=direct, create_schema=False) as transport:
-        for g in range(groups):
-            store.save(Execution(id=f"c-{g:04d}", definition_id="counter", context={"n": 0}))
-        transport.publish_many(messages(groups, 1))
-    watcher = open_executor(direct)
-    p = settings.prefix
-
-    async def depth() -> int:
-        return int((await watcher.execute(Stmt(f"SELECT count(*) FROM {p}_transport_messages"))).rows[0][0])
-
-    stop, started = asyncio.Event(), asyncio.get_running_loop().create_future()
-    options = WorkerOptions(definitions_dir=str(definitions), idle_sleep=0.005)
-    worker = asyncio.create_task(run_worker(settings, options, stop, ready=lambda: started.set_result(time.perf_counter())))
-    await asyncio.wait_for(started, timeout)
-    await drain(depth, started, timeout)  # the Starts: the executions are running when the load begins
+    seeded = Seeded(settings, direct, groups, 1, definitions)
+    await drain(seeded.depth, seeded.started, timeout)  # the Starts: the executions are running when the load begins
     lags: list[float] = []
     ticked = asyncio.Event()
     ticker = asyncio.create_task(ticking(lags, ticked))
-    where = {"profile": direct.profile, "prefix": p, "db_path": direct.db_path, "url": direct.url}
+    where = {"profile": direct.profile, "prefix": direct.prefix, "db_path": direct.db_path, "url": direct.url}
     command = [sys.executable, __file__, "--publish", json.dumps([where, groups, rate, seconds])]
     token = {"PUBLISH_TOKEN": direct.auth_token.get_secret_value()} if direct.auth_token else {}  # not on a command line
-    began = time.perf_counter()
+    began = asyncio.get_running_loop().create_future()
+    began.set_result(time.perf_counter())
     publisher = await asyncio.create_subprocess_exec(*command, env={**os.environ, **token})
     await publisher.wait()
     ticked.set()
     await ticker
-    done = asyncio.get_running_loop().create_future()
-    done.set_result(began)
-    seconds_to_empty = await drain(depth, done, timeout)
-    stop.set()
-    await worker
-    rows = (await watcher.execute(Stmt(f"SELECT json_extract(data, '$.context.n') FROM {p}_executions"))).rows
-    await watcher.aclose()
+    seconds_to_empty = await drain(seeded.depth, began, timeout)
+    counts = await seeded.counts()
     lags.sort()
     total = int(rate * seconds)
     return {
@@ -212,7 +206,7 @@ async def run_offered(settings: ExplicitSettings, direct: ExplicitSettings, grou
         "lag_p99_ms": round(1000 * lags[int(len(lags) * 0.99)], 3),
         "lag_max_ms": round(1000 * lags[-1], 3),
         "kept_up_per_s": round(total / seconds_to_empty),
-        "counts_right": sum(r[0] for r in rows) == total and len(rows) == groups,
+        "counts_right": len(counts) == groups and sum(counts) == total,
     }
 
 

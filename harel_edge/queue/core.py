@@ -30,6 +30,7 @@ from harel_edge.queue.statements import Message
 log = structlog.get_logger("harel_edge.transport")
 
 LIMITED_CLAIMS = 100  # after a claim found a limit set: claims that read them before trying without
+TAKE_SLICE = 256  # rows of a claim's answer made into leases between two turns of the loop
 LEASED_PER_SLOT = 4  # messages a worker may hold leased, a slot of its window (runs' followers included)
 
 
@@ -250,8 +251,12 @@ class EventTransport(Settling, DeadLetters):
         groups: dict[str, list[tuple]] = {}
         for row in sorted(rows, key=lambda row: row[0]):
             groups.setdefault(row[1], []).append(row)
-        heads, buried = [], 0
+        heads, buried, made = [], 0, 0
         for group_rows in groups.values():
+            if made >= TAKE_SLICE:  # thousands of rows are tens of ms of parsing: the loop's turn, between runs
+                made = 0
+                await asyncio.sleep(0)
+            made += len(group_rows)
             members: list[Lease] = []
             for row in group_rows:
                 lease = sql.lease_from_row(row[:3], token)
