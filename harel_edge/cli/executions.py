@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from harel_edge.cli.app import EXIT_PROBLEM, fail, handled, out, plural
+from harel_edge.cli.app import EXIT_PROBLEM, fail, handled, out, plural, shown
 
 # harel_edge.executions.STATUSES (harel's Status) and harel_edge.workflows.STATES, not imported for
 # `--help` (they pull in harel and libsql); a test checks that they agree.
@@ -75,8 +75,9 @@ def executions_list(
     for e in found:
         error = (e.error or "-").splitlines()[0] if e.error else "-"
         table.add_row(
-            e.id, e.machine, e.status.lower(), e.state or "-", str(e.pending), _when(e.updated_at), error[:80]
-        )
+            *map(shown, (e.id, e.machine, e.status.lower(), e.state or "-")),
+            str(e.pending), _when(e.updated_at), shown(error[:80]),
+        )  # fmt: skip
     out.print(table)
 
 
@@ -96,10 +97,10 @@ def executions_show(
         return
     s = detail.summary
     lines = [
-        f"execution {s.id} of {s.machine}: {s.status.lower()}, in {s.state or '-'}",
+        f"execution {shown(s.id)} of {shown(s.machine)}: {s.status.lower()}, in {shown(s.state or '-')}",
         f"created {_when(detail.created_at)}, updated {_when(s.updated_at)}"
         + (f", finished {_when(detail.finished_at)}" if detail.finished_at else ""),
-        f"last error: {s.error or '-'}",
+        f"last error: {shown(s.error or '-', lines=True)}",
         f"processed: {plural(detail.processed_events, 'event')}",
         f"context: {json.dumps(detail.context, default=str)}",
     ]
@@ -113,8 +114,8 @@ def executions_show(
             table.add_column(column)
         for q in detail.queued:
             table.add_row(
-                str(q["seq"]), str(q["kind"]), str(q["event_id"]), q["state"], str(q["deliveries"]),
-                (q["last_error"] or "-")[:80],
+                str(q["seq"]), shown(q["kind"]), shown(q["event_id"]), q["state"], str(q["deliveries"]),
+                shown((q["last_error"] or "-")[:80]),
             )  # fmt: skip
         out.print(table)
     if not detail.history:
@@ -122,7 +123,7 @@ def executions_show(
     else:
         out.print(f"history (last {plural(len(detail.history), 'entry', 'entries')}):", markup=False)
         for entry in detail.history:
-            out.print(f"  {json.dumps(entry, default=str) if not isinstance(entry, str) else entry}", markup=False)
+            out.print(f"  {json.dumps(entry, default=str) if not isinstance(entry, str) else shown(entry)}", markup=False)
 
 
 WORKFLOW_STATES = f"<{'|'.join(WORKFLOW_STATE_NAMES)}>"
@@ -148,7 +149,7 @@ def workflows_list(
     for w in found:
         wakes = "-" if w.wakes_in_seconds is None else f"in {w.wakes_in_seconds:.1f} s"
         error = (w.last_error or "-").splitlines()[0][:80] if w.last_error else "-"
-        table.add_row(w.workflow, w.namespace or "-", w.state, str(w.steps), str(w.attempts), wakes, error)
+        table.add_row(shown(w.workflow), shown(w.namespace or "-"), w.state, str(w.steps), str(w.attempts), wakes, shown(error))
     out.print(table)
 
 
@@ -168,9 +169,9 @@ def workflows_show(
     w = detail.summary
     wakes = "" if w.wakes_in_seconds is None else f", wakes in {w.wakes_in_seconds:.1f} s"
     for line in (
-        f"workflow {w.workflow} ({w.namespace or 'no namespace'}): {w.state}{wakes}",
+        f"workflow {shown(w.workflow)} ({shown(w.namespace or 'no namespace')}): {w.state}{wakes}",
         f"failed passes in a row: {w.attempts}",
-        f"last error: {w.last_error or '-'}",
+        f"last error: {shown(w.last_error or '-', lines=True)}",
     ):
         out.print(line, markup=False)
     if not detail.records:
@@ -180,5 +181,5 @@ def workflows_show(
     for column in ("step", "written", "value"):
         table.add_column(column)
     for record in detail.records:
-        table.add_row(record["step"], _when(record["written_at"]), json.dumps(record["value"], default=str)[:80])
+        table.add_row(shown(record["step"]), _when(record["written_at"]), json.dumps(record["value"], default=str)[:80])
     out.print(table)
