@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from cli_helpers import env_for, run
-from harel.engine.execution import Execution
+from harel.engine.execution import Execution, Status
 from harel.spec.states import Event
 
 from harel_edge import LibsqlTransport
@@ -142,3 +143,90 @@ def test_the_commands_suspend_and_resume_and_say_what_changed(settings, tmp_path
     assert json.loads(again.stdout)["changed"] is False
     missing = run(["executions", "resume", "order-9"], env, tmp_path)
     assert missing.returncode == 1 and "no execution 'order-9'" in missing.stderr
+
+
+# ---- two callers at once, on the local file and on sqld ---------------------------------------------
+
+
+@pytest.fixture(params=["local", pytest.param("sqld", marks=pytest.mark.sqld)])
+def running(request, tmp_path) -> dict[str, str]:
+    """The settings (as a user's variables) of a database holding order-1, running in AwaitingPayment."""
+    if request.param == "local":
+        values = {"profile": "local", "db_path": str(tmp_path / "q.db")}
+    else:
+        server = request.getfixturevalue("fresh_sqld_primary")
+        values = {"profile": "sqld", "url": server.http_url, "auth_token": server.rw_token}
+    settings = ExplicitSettings.load(**values)
+    prepare_database(settings)
+    with EdgeStore(settings, create_schema=False) as store:
+        store.save(Execution(id="order-1", definition_id="order", status=Status.RUNNING, active_path="AwaitingPayment"))
+    return values
+
+
+def at_once(monkeypatch, calls: list[Callable[[], object]], status: Status) -> list:
+    """Each of `calls` in a thread of its own, in step: each read of the execution that finds it in
+    `status` waits until every call has made the same read, so all decide on what they saw before
+    any wrote, and all write on the same version (the barrier's timeout only guards against a hang)."""
+    barrier, load = threading.Barrier(len(calls)), EdgeStore.load
+
+    def load_together(self, execution_id):  # noqa: ANN001, ANN202
+        found = load(self, execution_id)
+        if found is not None and found.status is status:
+            barrier.wait(timeout=60)
+        return found
+
+    results: list = [None] * len(calls)
+
+    def call(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            results[i] = exc
+            barrier.abort()
+
+    with monkeypatch.context() as patched:
+        patched.setattr(EdgeStore, "load", load_together)
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(len(calls))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
+def test_two_suspends_then_two_resumes_at_once_each_change_it_once(running, monkeypatch):
+    settings = ExplicitSettings.load(**running)
+    for command, before, after in (("suspend", "running", "suspended"), ("resume", "suspended", "running")):
+        calls = [lambda command=command: control_execution(settings, "order-1", command)] * 2
+        outcomes = at_once(monkeypatch, calls, Status(before.upper()))
+        assert sorted(o.changed for o in outcomes) == [False, True], outcomes
+        assert {(o.before, o.after) for o in outcomes} == {(before, after), (after, after)}, outcomes
+    with EdgeStore(settings, create_schema=False) as store:
+        assert store.load("order-1").version == 3, "saved, suspended once, resumed once: no second write"
+
+
+def test_two_suspend_commands_at_once_one_says_it_changed_it_the_other_that_it_changed_nothing(
+    running, monkeypatch, capsys, tmp_path
+):
+    from typer.main import get_command
+
+    from harel_edge.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    for key, value in running.items():
+        monkeypatch.setenv(f"HAREL_EDGE_{key.upper()}", value)
+    command = get_command(app)
+    for verb, before in (("suspend", Status.RUNNING), ("resume", Status.SUSPENDED)):
+        capsys.readouterr()
+        args = ["executions", verb, "order-1", "--json"]
+        codes = at_once(monkeypatch, [lambda args=args: command.main(args, "harel-edge", standalone_mode=False)] * 2, before)
+        assert codes == [None, None], codes  # both ended well
+        printed, outcomes = capsys.readouterr().out.strip(), []
+        while printed:  # the two JSON objects, one after the other
+            outcome, end = json.JSONDecoder().raw_decode(printed)
+            outcomes.append(outcome)
+            printed = printed[end:].strip()
+        assert sorted(o["changed"] for o in outcomes) == [False, True], outcomes
