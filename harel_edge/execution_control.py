@@ -80,6 +80,8 @@ def control_execution(
             control.terminate(store, execution_id)
         else:
             definition = _definition(definitions_dir, exe.definition_id)
+            if command == "retry":
+                _check_target(definition, exe, to_state)
             try:
                 if command == "cancel":
                     control.cancel(store, definition, execution_id, reason=reason)
@@ -124,6 +126,20 @@ def _relay_outbox(store: Any, settings: EdgeSettings) -> None:
                 target = store.load(entry.target_id)
                 transport.publish(entry.target_id, entry.event, priority=target.priority if target is not None else 0)
             store.ack_outbox(entry.seq)
+
+
+def _check_target(definition: Any, exe: Any, to_state: str) -> None:
+    """Refuse a `retry --to` state the machine does not have, naming the states it can run from
+    (harel's own refusal only says that a state is not a leaf)."""
+    if to_state in definition.index:
+        return
+    from harel import engine  # noqa: PLC0415
+
+    leaves = sorted(path for path in definition.index if engine.is_valid_reposition_target(definition, exe, path))
+    raise ConfigurationError(
+        f"retry refused: machine {exe.definition_id!r} has no state {to_state!r}; "
+        f"give --to one of its leaf states: {', '.join(leaves) or 'none'}"
+    )
 
 
 def _definition(directory: str, machine: str) -> Any:

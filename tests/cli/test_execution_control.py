@@ -126,10 +126,10 @@ def test_a_command_missing_what_it_needs_is_refused_before_anything_is_written(s
     assert detail(settings, "order-1").summary.status == "RUNNING"
 
 
-def test_retry_to_a_state_that_is_not_a_leaf_says_harels_reason(settings):
+def test_retry_to_a_state_that_is_not_there_is_refused_naming_the_leaf_states(settings):
     publish(settings, "Pay")
     worker_until(settings, lambda: detail(settings, "order-1").summary.status == "FAILED")
-    with pytest.raises(ConfigurationError, match="leaf state"):
+    with pytest.raises(ConfigurationError, match="has no state 'Nowhere'; give --to one of its leaf states"):
         control_execution(settings, "order-1", "retry", definitions_dir=EXAMPLES, to_state="Nowhere")
     assert detail(settings, "order-1").summary.status == "FAILED"
 
@@ -230,3 +230,20 @@ def test_two_suspend_commands_at_once_one_says_it_changed_it_the_other_that_it_c
             outcomes.append(outcome)
             printed = printed[end:].strip()
         assert sorted(o["changed"] for o in outcomes) == [False, True], outcomes
+
+
+def test_retry_to_a_state_the_machine_does_not_have_says_so_and_lists_its_leaf_states(running, tmp_path):
+    settings = ExplicitSettings.load(**running)
+    with EdgeStore(settings, create_schema=False) as store:
+        store.save(Execution(id="order-2", definition_id="order", status=Status.FAILED, active_path="Paid", error="boom"))
+    said = (
+        "retry refused: machine 'order' has no state 'NoSuchState'; give --to one of its leaf states: "
+        "AwaitingPayment, Cancelled, Delivered, Paid, Shipped"
+    )
+    with pytest.raises(ConfigurationError) as refused:
+        control_execution(settings, "order-2", "retry", definitions_dir=EXAMPLES, to_state="NoSuchState")
+    assert str(refused.value) == said
+    result = run(["executions", "retry", "order-2", "--to", "NoSuchState", "-D", EXAMPLES], env_for(running), tmp_path)
+    assert result.returncode == 2 and said in result.stderr, result.stderr
+    after = detail(settings, "order-2")
+    assert (after.summary.status, after.summary.state, after.summary.error) == ("FAILED", "Paid", "boom")
