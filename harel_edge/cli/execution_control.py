@@ -24,7 +24,8 @@ def _control(ctx: typer.Context, execution_id: str, command: str, as_json: bool,
         print(json.dumps(outcome.as_dict(), indent=2))
     elif outcome.changed:
         where = f" (in {shown(outcome.state)})" if outcome.state else ""
-        out.print(f"{shown(outcome.id)}: {outcome.before} -> {outcome.after}{where}", markup=False)
+        ends = ": its Cancel transition ends it, done with its final state's outcome" if outcome.after == "cancelling" else ""
+        out.print(f"{shown(outcome.id)}: {outcome.before} -> {outcome.after}{where}{ends}", markup=False)
     else:
         out.print(f"{shown(outcome.id)} is {outcome.before}: {command} changed nothing", markup=False)
 

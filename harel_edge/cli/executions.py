@@ -60,22 +60,25 @@ def executions_list(
     ctx: typer.Context,
     state: str | None = typer.Option(None, "--state", metavar=STATES, help="Only executions with this status."),
     machine: str | None = typer.Option(None, "--machine", metavar="MACHINE", help="Only executions of this statechart."),
+    outcome: str | None = typer.Option(
+        None, "--outcome", metavar="OUTCOME", help="Only those whose final state has this outcome (e.g. cancelled)."
+    ),
     limit: int = typer.Option(100, "--limit", min=1, help="At most this many, most recently changed first."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
 ) -> None:
-    """List the statechart executions: status, active state, queued events, last error. Reads only."""
+    """List the statechart executions: status, outcome, state, queued events, last error. Reads only."""
     settings = ctx.obj.settings()
     from harel_edge import executions  # noqa: PLC0415
 
-    found = executions.list_executions(settings, status=state, machine=machine, limit=limit)
-    columns = ("id", "machine", "status", "state", "queued", "updated", "error")
+    found = executions.list_executions(settings, status=state, machine=machine, outcome=outcome, limit=limit)
+    columns = ("id", "machine", "status", "outcome", "state", "queued", "updated", "error")
     table = _listing("executions", found, state, as_json, "most recently changed first", columns, ("queued",))
     if table is None:
         return
     for e in found:
         error = (e.error or "-").splitlines()[0] if e.error else "-"
         table.add_row(
-            *map(shown, (e.id, e.machine, e.status.lower(), e.state or "-")),
+            *map(shown, (e.id, e.machine, e.status.lower(), e.outcome or "-", e.state or "-")),
             str(e.pending), _when(e.updated_at), shown(error[:80]),
         )  # fmt: skip
     out.print(table)
@@ -97,7 +100,9 @@ def executions_show(
         return
     s = detail.summary
     lines = [
-        f"execution {shown(s.id)} of {shown(s.machine)}: {s.status.lower()}, in {shown(s.state or '-')}",
+        f"execution {shown(s.id)} of {shown(s.machine)}: {s.status.lower()}"
+        + (f" (outcome {shown(s.outcome)})" if s.outcome else "")
+        + f", in {shown(s.state or '-')}",
         f"created {_when(detail.created_at)}, updated {_when(s.updated_at)}"
         + (f", finished {_when(detail.finished_at)}" if detail.finished_at else ""),
         f"last error: {shown(s.error or '-', lines=True)}",

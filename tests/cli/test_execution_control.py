@@ -17,13 +17,14 @@ from harel.spec.states import Event
 from harel_edge import LibsqlTransport
 from harel_edge.errors import ConfigurationError
 from harel_edge.execution_control import control_execution
-from harel_edge.executions import show_execution
+from harel_edge.executions import list_executions, show_execution
 from harel_edge.migration import prepare_database
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
 from harel_edge.worker import WorkerOptions, run_worker
 
 EXAMPLES = str(Path(__file__).resolve().parents[2] / "harel_edge" / "examples")
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
 def worker_until(settings, done: Callable[[], bool]) -> None:
@@ -247,3 +248,20 @@ def test_retry_to_a_state_the_machine_does_not_have_says_so_and_lists_its_leaf_s
     assert result.returncode == 2 and said in result.stderr, result.stderr
     after = detail(settings, "order-2")
     assert (after.summary.status, after.summary.state, after.summary.error) == ("FAILED", "Paid", "boom")
+
+
+def test_a_cancel_the_machine_models_ends_done_with_its_outcome_as_the_docs_say_and_outcome_lists_it(running, tmp_path):
+    settings, env = ExplicitSettings.load(**running), env_for(running)
+    cancelled = run(["executions", "cancel", "order-1", "-D", EXAMPLES], env, tmp_path)
+    assert "order-1: running -> cancelling (in AwaitingPayment): its Cancel transition ends it" in cancelled.stdout
+    worker_until(settings, lambda: detail(settings, "order-1").summary.status == "DONE")
+    ended = [(e.id, e.status, e.outcome, e.state) for e in list_executions(settings, outcome="cancelled")]
+    assert ended == [("order-1", "DONE", "cancelled", "Cancelled")]
+    assert list_executions(settings, status="done", outcome="success") == []
+    listed = run(["executions", "list", "--outcome", "cancelled"], {**env, "COLUMNS": "200"}, tmp_path)
+    assert listed.returncode == 0 and "order-1" in listed.stdout and " cancelled " in listed.stdout, listed.stdout
+    assert "executions: none" in run(["executions", "list", "--outcome", "success"], env, tmp_path).stdout
+    show = run(["executions", "show", "order-1"], env, tmp_path)
+    assert "execution order-1 of order: done (outcome cancelled), in Cancelled" in show.stdout, show.stdout
+    row = next(line for line in DOCS.read_text().splitlines() if line.startswith("| `executions cancel "))
+    assert row.split(" | ")[2].startswith("cancelling, then done, with the outcome"), row
