@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -12,7 +14,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from harel_edge.cli.app import console, handled, out, plural, shown
+from harel_edge.cli.app import console, handled, out, plural, scrub_text, shown
+from harel_edge.errors import PrimaryUnavailableError, tidy
 
 if TYPE_CHECKING:
     from harel_edge.status import StatusReport
@@ -35,32 +38,49 @@ def status(
 
     if watch and as_json:
         raise typer.BadParameter("--watch draws tables; for JSON, run `status --json` as often as you need")
+    if watch:
+        _watch(lambda: collect_status(settings, top=groups), groups, interval, lambda exc: scrub_text(tidy(str(exc)), ctx))
+        return
     report = collect_status(settings, top=groups)
     if as_json:
         print(json.dumps(report.as_dict(), indent=2, default=str))
-    elif not watch:
-        out.print(view(report, groups))
     else:
-        _watch(lambda: collect_status(settings, top=groups), report, groups, interval)
+        out.print(view(report, groups))
 
 
-def _watch(collect: Any, report: StatusReport, groups: int, interval: float) -> None:
-    """Redraw the view every `interval` seconds, with the rate of settled work since the last read."""
+def _watch(collect: Callable[[], StatusReport], groups: int, interval: float, said: Callable[[Exception], str]) -> None:
+    """Redraw the view every `interval` seconds, with the rate of settled work since the last read;
+    while the primary cannot be reached, say so and since when, above the last view, and read on."""
     from rich.live import Live  # noqa: PLC0415
 
-    rate = SettledRate()
-    rate.add(report, time.monotonic())
+    rate, drawn, down_since = SettledRate(), None, None
     try:
         # Its own console: `out` never wraps (for pipes), and a redrawn screen must wrap, not crop.
-        screen = console()
-        with Live(view(report, groups, rate), console=screen, auto_refresh=False, transient=False) as live:
+        with Live(Text(""), console=console(), auto_refresh=False, transient=False) as live:
             while True:
+                try:
+                    report = collect()
+                except PrimaryUnavailableError as exc:
+                    down_since = down_since or datetime.now(UTC)
+                    live.update(_unreachable(said(exc), down_since, interval, drawn), refresh=True)
+                else:
+                    down_since = None
+                    rate.add(report, time.monotonic())
+                    drawn = view(report, groups, rate)
+                    live.update(drawn, refresh=True)
                 time.sleep(interval)  # the watch's pace: each read is a fresh report
-                report = collect()
-                rate.add(report, time.monotonic())
-                live.update(view(report, groups, rate), refresh=True)
     except KeyboardInterrupt:
         pass
+
+
+def _unreachable(reason: str, since: datetime, interval: float, drawn: RenderableType | None) -> RenderableType:
+    """What --watch draws while the primary cannot be reached: since when, why, and its last view."""
+    elapsed = (datetime.now(UTC) - since).total_seconds()
+    line = Text(
+        f"primary unreachable since {since.isoformat(timespec='seconds')} ({elapsed:.0f} s): {shown(reason)}; "
+        f"reading again every {interval:g} s"
+    )
+    return line if drawn is None else Group(line, Text("its last view:"), drawn)
 
 
 class SettledRate:
