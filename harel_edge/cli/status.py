@@ -111,12 +111,12 @@ def view(report: StatusReport, groups: int, rate: SettledRate | None = None) -> 
     parts += _workflows(report.workflows)
     counts = report.executions
     if counts is not None:
-        shown = ", ".join(f"{count} {status}" for status, count in sorted(counts.items())) or "none"
-        parts.append(_counted(f"executions: {shown}", counts.get("failed", 0), "executions list --state failed` shows the failed ones"))
+        counted = ", ".join(f"{count} {status}" for status, count in sorted(counts.items())) or "none"
+        parts.append(_counted(f"executions: {counted}", counts.get("failed", 0), "executions list --state failed` shows the failed ones"))
     dead = report.dead_letters
     if dead is not None:
-        shown = f"{plural(dead['messages'], 'message')}, {plural(dead['workflows'], 'workflow')}"
-        parts.append(_counted(f"dead letters: {shown}", dead["messages"] + dead["workflows"], "dead-letter list` shows them"))
+        counted = f"{plural(dead['messages'], 'message')}, {plural(dead['workflows'], 'workflow')}"
+        parts.append(_counted(f"dead letters: {counted}", dead["messages"] + dead["workflows"], "dead-letter list` shows them"))
     replica = report.replica
     if replica is not None:
         lag = replica.lag_seconds
