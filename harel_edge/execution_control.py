@@ -1,11 +1,15 @@
 """What `harel-edge executions suspend|resume|cancel|terminate|retry` do: harel's own control plane
 (`harel.engine.control`) over the execution store, on the primary. Each command is a compare-and-set
-write on the execution record, so it takes effect at the next event boundary of a running worker."""
+write on the execution record, so it takes effect at the next event boundary of a running worker,
+and of two callers at once, one makes the change and the other is told it changed nothing."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from harel.engine.observe import ObservedStore
+from harel.engine.store import Step
 
 from harel_edge.access import check_writable
 from harel_edge.errors import ConfigurationError, NotFoundError
@@ -17,8 +21,8 @@ NEEDS_DEFINITIONS = ("cancel", "retry")
 
 @dataclass(frozen=True)
 class ControlOutcome:
-    """An execution's status and state before and after a command; `changed` is False when the
-    command did not apply to it (harel's control plane leaves it as it was)."""
+    """An execution's status before and after this call's write, and its state; `changed` is False
+    when the call wrote nothing (the command did not apply, or another caller made the change)."""
 
     id: str
     command: str
@@ -63,11 +67,11 @@ def control_execution(
             "since a failure can leave it between states); `executions show ID` shows where it failed"
         )
     check_writable(settings)
-    with EdgeStore(settings, create_schema=False) as store:
+    with EdgeStore(settings, create_schema=False) as edge_store:
+        store = _ChangingStore(edge_store)
         exe = store.load(execution_id)
         if exe is None:
             raise NotFoundError(f"no execution {execution_id!r}: `harel-edge executions list` shows the ones there are")
-        before = exe.status.value.lower()
         if command == "suspend":
             control.suspend(store, execution_id)
         elif command == "resume":
@@ -76,6 +80,8 @@ def control_execution(
             control.terminate(store, execution_id)
         else:
             definition = _definition(definitions_dir, exe.definition_id)
+            if command == "retry":
+                _check_target(definition, exe, to_state)
             try:
                 if command == "cancel":
                     control.cancel(store, definition, execution_id, reason=reason)
@@ -85,7 +91,24 @@ def control_execution(
             except ValueError as exc:  # harel's precise reason a target is refused
                 raise ConfigurationError(f"{command} refused: {exc}") from None
         after = store.load(execution_id)
-    return ControlOutcome(execution_id, command, before, after.status.value.lower(), after.active_path)
+    step = store.moved.get(execution_id)
+    before, now = (step.from_status, step.to_status) if step is not None else (after.status, after.status)
+    return ControlOutcome(execution_id, command, before.value.lower(), now.value.lower(), after.active_path)
+
+
+class _ChangingStore(ObservedStore):
+    """The store under harel's control plane, noting the first move it commits for each execution;
+    a write that would move nothing is not made: harel, retrying after a version conflict, would
+    write the status a concurrent caller had just written, and both would seem to have changed it."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store, lambda step, exe: self.moved.setdefault(exe.id, step))
+        self.moved: dict[str, Step] = {}
+
+    def commit(self, exe: Any, emits: list, *args: Any, step: Step | None = None, **kwargs: Any) -> list[int]:
+        if step is not None and not emits and (step.from_status, step.from_path) == (step.to_status, step.to_path):
+            return []
+        return super().commit(exe, emits, *args, step=step, **kwargs)
 
 
 def _relay_outbox(store: Any, settings: EdgeSettings) -> None:
@@ -103,6 +126,20 @@ def _relay_outbox(store: Any, settings: EdgeSettings) -> None:
                 target = store.load(entry.target_id)
                 transport.publish(entry.target_id, entry.event, priority=target.priority if target is not None else 0)
             store.ack_outbox(entry.seq)
+
+
+def _check_target(definition: Any, exe: Any, to_state: str) -> None:
+    """Refuse a `retry --to` state the machine does not have, naming the states it can run from
+    (harel's own refusal only says that a state is not a leaf)."""
+    if to_state in definition.index:
+        return
+    from harel import engine  # noqa: PLC0415
+
+    leaves = sorted(path for path in definition.index if engine.is_valid_reposition_target(definition, exe, path))
+    raise ConfigurationError(
+        f"retry refused: machine {exe.definition_id!r} has no state {to_state!r}; "
+        f"give --to one of its leaf states: {', '.join(leaves) or 'none'}"
+    )
 
 
 def _definition(directory: str, machine: str) -> Any:

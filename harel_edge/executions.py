@@ -21,7 +21,9 @@ STATUSES = tuple(status.value.lower() for status in Status)
 
 @dataclass(frozen=True)
 class ExecutionSummary:
-    """One execution in a list: its machine, status, active state, when it last changed, its error."""
+    """One execution in a list: its machine, status, active state, when it last changed, its error,
+    and once it is done, the outcome of the final state it reached (a machine's own `Cancel`
+    transition ends it done, with the outcome its model gives, e.g. cancelled)."""
 
     id: str
     machine: str
@@ -30,6 +32,7 @@ class ExecutionSummary:
     updated_at: Any
     error: str | None
     pending: int  # its events still in the queue
+    outcome: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -42,7 +45,6 @@ class ExecutionDetail:
 
     summary: ExecutionSummary
     context: dict[str, Any]
-    outcome: Any
     created_at: Any
     finished_at: Any
     processed_events: int
@@ -53,7 +55,6 @@ class ExecutionDetail:
         return {
             **self.summary.as_dict(),
             "context": self.context,
-            "outcome": self.outcome,
             "created_at": self.created_at,
             "finished_at": self.finished_at,
             "processed_events": self.processed_events,
@@ -75,29 +76,37 @@ def _summaries(execute: Execute, prefix: str, where: str, params: tuple, limit: 
     rows = execute(
         f"SELECT e.id, e.definition_id, json_extract(e.data, '$.status'), json_extract(e.data, '$.active_path'),"
         f" json_extract(e.data, '$.updated_at'), json_extract(e.data, '$.error'),"
-        f" (SELECT count(*) FROM {n.messages} m WHERE m.group_id = e.id)"
+        f" (SELECT count(*) FROM {n.messages} m WHERE m.group_id = e.id), json_extract(e.data, '$.outcome')"
         f" FROM {prefix}_executions e {where}"
         f" ORDER BY json_extract(e.data, '$.updated_at') DESC, e.id LIMIT ?",
         (*params, limit),
     )
     return [
-        ExecutionSummary(str(r[0]), str(r[1]), str(r[2]), r[3], r[4], r[5], int(r[6] or 0)) for r in rows
+        ExecutionSummary(str(r[0]), str(r[1]), str(r[2]), r[3], r[4], r[5], int(r[6] or 0), r[7]) for r in rows
     ]
 
 
 def list_executions(
-    settings: EdgeSettings, *, status: str | None = None, machine: str | None = None, limit: int = 100
+    settings: EdgeSettings,
+    *,
+    status: str | None = None,
+    machine: str | None = None,
+    outcome: str | None = None,
+    limit: int = 100,
 ) -> list[ExecutionSummary]:
     """The executions, most recently changed first, of `status` (pending, running, done, failed,
-    ...) and of `machine` when given. Reads only."""
+    ...), of `machine` and ending with `outcome` (done ones: e.g. cancelled by their own `Cancel`
+    transition) when given. Reads only."""
     wanted = _status_filter(status)
     clauses, params = [], []
-    if wanted is not None:
-        clauses.append("json_extract(e.data, '$.status') = ?")
-        params.append(wanted)
-    if machine is not None:
-        clauses.append("e.definition_id = ?")
-        params.append(machine)
+    for clause, value in (
+        ("json_extract(e.data, '$.status') = ?", wanted),
+        ("e.definition_id = ?", machine),
+        ("json_extract(e.data, '$.outcome') = ?", outcome),
+    ):
+        if value is not None:
+            clauses.append(clause)
+            params.append(value)
     where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
     return with_reader(settings, lambda execute: _summaries(execute, settings.prefix, where, tuple(params), limit))
 
@@ -150,7 +159,6 @@ def show_execution(settings: EdgeSettings, execution_id: str, *, history: int = 
         return ExecutionDetail(
             found[0],
             data.get("context") or {},
-            data.get("outcome"),
             data.get("created_at"),
             data.get("finished_at"),
             int(processed or 0),

@@ -67,8 +67,26 @@ workflows_app = command_group(
 )
 app.add_typer(workflows_app, name="workflows")
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+def console(**options: Any) -> Console:
+    """A console that prints text as given: no markup, emoji codes or highlighting read into it."""
+    return Console(highlight=False, markup=False, emoji=False, **options)
+
+
+out = console(soft_wrap=True)
+err = console(stderr=True, soft_wrap=True)
+
+
+def shown(value: object, *, lines: bool = False) -> str:
+    """User data (an id, kind, key, error) as printable text: each control or invisible character
+    written as its escape (\\x1b), so none can move the cursor, retitle the terminal or hide text;
+    with `lines`, its line breaks kept."""
+    text = str(value)
+    if lines:
+        return "\n".join(shown(line) for line in text.split("\n"))
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
 
 # exit codes (docs/cli.md)
 EXIT_PROBLEM, EXIT_CONFIG, EXIT_UNREACHABLE, EXIT_AUTH, EXIT_DATABASE = 1, 2, 3, 4, 5
@@ -188,7 +206,7 @@ def plural(count: int, one: str, many: str | None = None) -> str:
 
 
 def fail(code: int, message: str) -> None:
-    err.print(f"harel-edge: error: {message}", markup=False)
+    err.print(f"harel-edge: error: {shown(message, lines=True)}")
     raise typer.Exit(code)
 
 

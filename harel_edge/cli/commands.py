@@ -20,6 +20,7 @@ from harel_edge.cli.app import (
     fail,
     handled,
     out,
+    shown,
 )
 from harel_edge.errors import (
     ConfigurationError,
@@ -52,12 +53,12 @@ def migrate(
         return
     done = migration.migrate(settings, adopt=adopt)
     if done.up_to_date:
-        out.print(f"schema version {done.found}: up to date ({done.where})", markup=False)
+        out.print(f"schema version {done.found}: up to date ({shown(done.where)})", markup=False)
     else:
         applied = ", ".join(str(number) for number in done.applied)
         out.print(
             f"schema version {done.found} -> {done.version}, applied {applied} for prefix {settings.prefix!r}"
-            f" ({done.where})",
+            f" ({shown(done.where)})",
             markup=False,
         )
 
@@ -83,7 +84,7 @@ def config_show(
     table.add_column("value")
     table.add_column("from")
     for key, value in values.items():
-        table.add_row(key, f"HAREL_EDGE_{key.upper()}", "-" if value is None else str(value), sources[key])
+        table.add_row(key, f"HAREL_EDGE_{key.upper()}", "-" if value is None else shown(value), sources[key])
     out.print(table)
 
 
@@ -106,9 +107,9 @@ def doctor(
     else:
         marks = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
         for check in diagnosis.checks:
-            out.print(f"{marks[check.level]}  {check.name}: {check.detail}", markup=False)
+            out.print(f"{marks[check.level]}  {check.name}: {shown(check.detail)}", markup=False)
             if check.fix and check.level != "ok":
-                out.print(f"      -> {check.fix}", markup=False)
+                out.print(f"      -> {shown(check.fix)}", markup=False)
     if diagnosis.failed:
         raise typer.Exit(EXIT_PROBLEM)
 

@@ -16,6 +16,7 @@ from harel_edge.cli.app import (
     handled,
     out,
     plural,
+    shown,
 )
 from harel_edge.errors import (
     ConfigurationError,
@@ -79,11 +80,11 @@ def dead_letter_list(
         table.add_row(
             str(letter.id),
             letter.kind,
-            letter.target,
-            str(what),
+            shown(letter.target),
+            shown(what),
             str(letter.attempts),
             _when(letter.dead_at),
-            error[:80] + ("..." if len(error) > 80 else ""),
+            shown(error[:80] + ("..." if len(error) > 80 else "")),
         )
     out.print(table)
 
@@ -104,15 +105,15 @@ def dead_letter_show(
     if as_json:
         print(json.dumps(letter.as_dict(), indent=2))
         return
-    lines = [f"dead letter #{letter.id}: {letter.kind} of {letter.target}"]
+    lines = [f"dead letter #{letter.id}: {letter.kind} of {shown(letter.target)}"]
     if letter.kind == "message":
-        key = letter.routing_key or "-"
+        key = shown(letter.routing_key or "-")
         lines.append(f"queue seq {letter.seq}, priority {letter.priority}, routing key {key}")
         lines.append(f"failed deliveries: {letter.attempts}")
     else:
         lines.append(f"failed passes in a row: {letter.attempts}")
     lines.append(f"dead at: {_when(letter.dead_at)}")
-    lines.append(f"last error: {letter.last_error or '- (none recorded: its worker may have died handling it)'}")
+    lines.append(f"last error: {shown(letter.last_error or '- (none recorded: its worker may have died handling it)', lines=True)}")
     for line in lines:
         out.print(line, markup=False)
     if letter.event is not None:
@@ -136,9 +137,9 @@ def dead_letter_requeue(
     if letter is None:
         _not_found(wanted)
     if letter.kind == "message":
-        out.print(f"requeued message #{letter.id} at the tail of group {letter.target}", markup=False)
+        out.print(f"requeued message #{letter.id} at the tail of group {shown(letter.target)}", markup=False)
     else:
-        out.print(f"requeued workflow #{letter.id} ({letter.target}): ready now", markup=False)
+        out.print(f"requeued workflow #{letter.id} ({shown(letter.target)}): ready now", markup=False)
 
 
 @handled

@@ -7,7 +7,7 @@ import json
 
 import typer
 
-from harel_edge.cli.app import EXIT_CONFIG, fail, handled, out
+from harel_edge.cli.app import EXIT_CONFIG, fail, handled, out, shown
 
 AS_JSON = typer.Option(False, "--json", help="Print the outcome as JSON.")
 DEFINITIONS = typer.Option(
@@ -23,10 +23,11 @@ def _control(ctx: typer.Context, execution_id: str, command: str, as_json: bool,
     if as_json:
         print(json.dumps(outcome.as_dict(), indent=2))
     elif outcome.changed:
-        where = f" (in {outcome.state})" if outcome.state else ""
-        out.print(f"{outcome.id}: {outcome.before} -> {outcome.after}{where}", markup=False)
+        where = f" (in {shown(outcome.state)})" if outcome.state else ""
+        ends = ": its Cancel transition ends it, done with its final state's outcome" if outcome.after == "cancelling" else ""
+        out.print(f"{shown(outcome.id)}: {outcome.before} -> {outcome.after}{where}{ends}", markup=False)
     else:
-        out.print(f"{outcome.id} is {outcome.before}: {command} changed nothing", markup=False)
+        out.print(f"{shown(outcome.id)} is {outcome.before}: {command} changed nothing", markup=False)
 
 
 @handled

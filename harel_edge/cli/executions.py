@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from harel_edge.cli.app import EXIT_PROBLEM, fail, handled, out, plural
+from harel_edge.cli.app import EXIT_PROBLEM, fail, handled, out, plural, shown
 
 # harel_edge.executions.STATUSES (harel's Status) and harel_edge.workflows.STATES, not imported for
 # `--help` (they pull in harel and libsql); a test checks that they agree.
@@ -60,23 +60,27 @@ def executions_list(
     ctx: typer.Context,
     state: str | None = typer.Option(None, "--state", metavar=STATES, help="Only executions with this status."),
     machine: str | None = typer.Option(None, "--machine", metavar="MACHINE", help="Only executions of this statechart."),
+    outcome: str | None = typer.Option(
+        None, "--outcome", metavar="OUTCOME", help="Only those whose final state has this outcome (e.g. cancelled)."
+    ),
     limit: int = typer.Option(100, "--limit", min=1, help="At most this many, most recently changed first."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
 ) -> None:
-    """List the statechart executions: status, active state, queued events, last error. Reads only."""
+    """List the statechart executions: status, outcome, state, queued events, last error. Reads only."""
     settings = ctx.obj.settings()
     from harel_edge import executions  # noqa: PLC0415
 
-    found = executions.list_executions(settings, status=state, machine=machine, limit=limit)
-    columns = ("id", "machine", "status", "state", "queued", "updated", "error")
+    found = executions.list_executions(settings, status=state, machine=machine, outcome=outcome, limit=limit)
+    columns = ("id", "machine", "status", "outcome", "state", "queued", "updated", "error")
     table = _listing("executions", found, state, as_json, "most recently changed first", columns, ("queued",))
     if table is None:
         return
     for e in found:
         error = (e.error or "-").splitlines()[0] if e.error else "-"
         table.add_row(
-            e.id, e.machine, e.status.lower(), e.state or "-", str(e.pending), _when(e.updated_at), error[:80]
-        )
+            *map(shown, (e.id, e.machine, e.status.lower(), e.outcome or "-", e.state or "-")),
+            str(e.pending), _when(e.updated_at), shown(error[:80]),
+        )  # fmt: skip
     out.print(table)
 
 
@@ -96,10 +100,12 @@ def executions_show(
         return
     s = detail.summary
     lines = [
-        f"execution {s.id} of {s.machine}: {s.status.lower()}, in {s.state or '-'}",
+        f"execution {shown(s.id)} of {shown(s.machine)}: {s.status.lower()}"
+        + (f" (outcome {shown(s.outcome)})" if s.outcome else "")
+        + f", in {shown(s.state or '-')}",
         f"created {_when(detail.created_at)}, updated {_when(s.updated_at)}"
         + (f", finished {_when(detail.finished_at)}" if detail.finished_at else ""),
-        f"last error: {s.error or '-'}",
+        f"last error: {shown(s.error or '-', lines=True)}",
         f"processed: {plural(detail.processed_events, 'event')}",
         f"context: {json.dumps(detail.context, default=str)}",
     ]
@@ -113,8 +119,8 @@ def executions_show(
             table.add_column(column)
         for q in detail.queued:
             table.add_row(
-                str(q["seq"]), str(q["kind"]), str(q["event_id"]), q["state"], str(q["deliveries"]),
-                (q["last_error"] or "-")[:80],
+                str(q["seq"]), shown(q["kind"]), shown(q["event_id"]), q["state"], str(q["deliveries"]),
+                shown((q["last_error"] or "-")[:80]),
             )  # fmt: skip
         out.print(table)
     if not detail.history:
@@ -122,7 +128,7 @@ def executions_show(
     else:
         out.print(f"history (last {plural(len(detail.history), 'entry', 'entries')}):", markup=False)
         for entry in detail.history:
-            out.print(f"  {json.dumps(entry, default=str) if not isinstance(entry, str) else entry}", markup=False)
+            out.print(f"  {json.dumps(entry, default=str) if not isinstance(entry, str) else shown(entry)}", markup=False)
 
 
 WORKFLOW_STATES = f"<{'|'.join(WORKFLOW_STATE_NAMES)}>"
@@ -148,7 +154,7 @@ def workflows_list(
     for w in found:
         wakes = "-" if w.wakes_in_seconds is None else f"in {w.wakes_in_seconds:.1f} s"
         error = (w.last_error or "-").splitlines()[0][:80] if w.last_error else "-"
-        table.add_row(w.workflow, w.namespace or "-", w.state, str(w.steps), str(w.attempts), wakes, error)
+        table.add_row(shown(w.workflow), shown(w.namespace or "-"), w.state, str(w.steps), str(w.attempts), wakes, shown(error))
     out.print(table)
 
 
@@ -168,9 +174,9 @@ def workflows_show(
     w = detail.summary
     wakes = "" if w.wakes_in_seconds is None else f", wakes in {w.wakes_in_seconds:.1f} s"
     for line in (
-        f"workflow {w.workflow} ({w.namespace or 'no namespace'}): {w.state}{wakes}",
+        f"workflow {shown(w.workflow)} ({shown(w.namespace or 'no namespace')}): {w.state}{wakes}",
         f"failed passes in a row: {w.attempts}",
-        f"last error: {w.last_error or '-'}",
+        f"last error: {shown(w.last_error or '-', lines=True)}",
     ):
         out.print(line, markup=False)
     if not detail.records:
@@ -180,5 +186,5 @@ def workflows_show(
     for column in ("step", "written", "value"):
         table.add_column(column)
     for record in detail.records:
-        table.add_row(record["step"], _when(record["written_at"]), json.dumps(record["value"], default=str)[:80])
+        table.add_row(shown(record["step"]), _when(record["written_at"]), json.dumps(record["value"], default=str)[:80])
     out.print(table)

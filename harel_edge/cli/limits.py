@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.table import Table
 
-from harel_edge.cli.app import EXIT_PROBLEM, command_group, fail, handled, out
+from harel_edge.cli.app import EXIT_PROBLEM, command_group, fail, handled, out, shown
 
 if TYPE_CHECKING:
     from harel_edge import limits
@@ -48,7 +48,7 @@ def limits_set(
     if as_json:
         print(json.dumps(limit.as_dict(), indent=2))
         return
-    out.print(f"{key}: {_describe(limit)}", markup=False)
+    out.print(f"{shown(key)}: {_describe(limit)}", markup=False)
 
 
 @handled
@@ -74,7 +74,7 @@ def limits_list(
         table.add_column(column, justify="left" if column in ("key", "rate") else "right")
     for limit in found:
         table.add_row(
-            limit.key,
+            shown(limit.key),
             "-" if limit.concurrency is None else str(limit.concurrency),
             str(limit.in_flight),
             limit.rate_text or "-",
@@ -94,4 +94,4 @@ def limits_clear(
     from harel_edge import limits  # noqa: PLC0415
     if not limits.clear_key_limit(settings, key):
         fail(EXIT_PROBLEM, f"{key!r} has no limits: `harel-edge limits list` shows the keys that do")
-    out.print(f"{key}: limits lifted", markup=False)
+    out.print(f"{shown(key)}: limits lifted", markup=False)

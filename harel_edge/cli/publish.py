@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from harel_edge.cli.app import err, handled, out, plural
+from harel_edge.cli.app import err, handled, out, plural, shown
 from harel_edge.errors import ConfigurationError
 
 # ---- publish --------------------------------------------------------------------------------------
@@ -109,15 +109,15 @@ def publish(
         print(json.dumps(published.as_dict()))
     elif published.duplicate:
         out.print(
-            f"duplicate: {kind} {published.event_id} was already published to {group} within "
+            f"duplicate: {shown(kind)} {shown(published.event_id)} was already published to {shown(group)} within "
             "HAREL_EDGE_PUBLISH_WINDOW; nothing was queued",
             markup=False,
         )
     else:
-        key = f", routing key {routing_key}" if routing_key else ""
-        held = "".join(f", {name.replace('_', ' ')} {value}" for name, value in request.hold.items())
+        key = f", routing key {shown(routing_key)}" if routing_key else ""
+        held = "".join(f", {name.replace('_', ' ')} {shown(value)}" for name, value in request.hold.items())
         out.print(
-            f"published {kind} {published.event_id} to {group} (priority {priority}{key}{held})", markup=False
+            f"published {shown(kind)} {shown(published.event_id)} to {shown(group)} (priority {priority}{key}{held})", markup=False
         )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -12,7 +14,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from harel_edge.cli.app import handled, out, plural
+from harel_edge.cli.app import console, handled, out, plural, scrub_text, shown
+from harel_edge.errors import PrimaryUnavailableError, tidy
 
 if TYPE_CHECKING:
     from harel_edge.status import StatusReport
@@ -35,33 +38,49 @@ def status(
 
     if watch and as_json:
         raise typer.BadParameter("--watch draws tables; for JSON, run `status --json` as often as you need")
+    if watch:
+        _watch(lambda: collect_status(settings, top=groups), groups, interval, lambda exc: scrub_text(tidy(str(exc)), ctx))
+        return
     report = collect_status(settings, top=groups)
     if as_json:
         print(json.dumps(report.as_dict(), indent=2, default=str))
-    elif not watch:
-        out.print(view(report, groups))
     else:
-        _watch(lambda: collect_status(settings, top=groups), report, groups, interval)
+        out.print(view(report, groups))
 
 
-def _watch(collect: Any, report: StatusReport, groups: int, interval: float) -> None:
-    """Redraw the view every `interval` seconds, with the rate of settled work since the last read."""
-    from rich.console import Console  # noqa: PLC0415
+def _watch(collect: Callable[[], StatusReport], groups: int, interval: float, said: Callable[[Exception], str]) -> None:
+    """Redraw the view every `interval` seconds, with the rate of settled work since the last read;
+    while the primary cannot be reached, say so and since when, above the last view, and read on."""
     from rich.live import Live  # noqa: PLC0415
 
-    rate = SettledRate()
-    rate.add(report, time.monotonic())
+    rate, drawn, down_since = SettledRate(), None, None
     try:
         # Its own console: `out` never wraps (for pipes), and a redrawn screen must wrap, not crop.
-        screen = Console(highlight=False)
-        with Live(view(report, groups, rate), console=screen, auto_refresh=False, transient=False) as live:
+        with Live(Text(""), console=console(), auto_refresh=False, transient=False) as live:
             while True:
+                try:
+                    report = collect()
+                except PrimaryUnavailableError as exc:
+                    down_since = down_since or datetime.now(UTC)
+                    live.update(_unreachable(said(exc), down_since, interval, drawn), refresh=True)
+                else:
+                    down_since = None
+                    rate.add(report, time.monotonic())
+                    drawn = view(report, groups, rate)
+                    live.update(drawn, refresh=True)
                 time.sleep(interval)  # the watch's pace: each read is a fresh report
-                report = collect()
-                rate.add(report, time.monotonic())
-                live.update(view(report, groups, rate), refresh=True)
     except KeyboardInterrupt:
         pass
+
+
+def _unreachable(reason: str, since: datetime, interval: float, drawn: RenderableType | None) -> RenderableType:
+    """What --watch draws while the primary cannot be reached: since when, why, and its last view."""
+    elapsed = (datetime.now(UTC) - since).total_seconds()
+    line = Text(
+        f"primary unreachable since {since.isoformat(timespec='seconds')} ({elapsed:.0f} s): {shown(reason)}; "
+        f"reading again every {interval:g} s"
+    )
+    return line if drawn is None else Group(line, Text("its last view:"), drawn)
 
 
 class SettledRate:
@@ -92,18 +111,18 @@ def view(report: StatusReport, groups: int, rate: SettledRate | None = None) -> 
     parts += _workflows(report.workflows)
     counts = report.executions
     if counts is not None:
-        shown = ", ".join(f"{count} {status}" for status, count in sorted(counts.items())) or "none"
-        parts.append(_counted(f"executions: {shown}", counts.get("failed", 0), "executions list --state failed` shows the failed ones"))
+        counted = ", ".join(f"{count} {status}" for status, count in sorted(counts.items())) or "none"
+        parts.append(_counted(f"executions: {counted}", counts.get("failed", 0), "executions list --state failed` shows the failed ones"))
     dead = report.dead_letters
     if dead is not None:
-        shown = f"{plural(dead['messages'], 'message')}, {plural(dead['workflows'], 'workflow')}"
-        parts.append(_counted(f"dead letters: {shown}", dead["messages"] + dead["workflows"], "dead-letter list` shows them"))
+        counted = f"{plural(dead['messages'], 'message')}, {plural(dead['workflows'], 'workflow')}"
+        parts.append(_counted(f"dead letters: {counted}", dead["messages"] + dead["workflows"], "dead-letter list` shows them"))
     replica = report.replica
     if replica is not None:
         lag = replica.lag_seconds
         synced = "never synced on this machine" if lag is None else f"last synced {replica.last_sync_at} ({lag:.1f} s ago)"
         seen = replica.messages_seen_locally
-        parts.append(Text(f"replica {replica.file}: {synced}" + ("" if seen is None else f", sees {plural(seen, 'message')} locally")))
+        parts.append(Text(f"replica {shown(replica.file)}: {synced}" + ("" if seen is None else f", sees {plural(seen, 'message')} locally")))
     return Group(*parts)
 
 
@@ -112,7 +131,7 @@ def _queue(report: StatusReport, groups: int) -> list[RenderableType]:
     totals, oldest = queue["totals"], queue["oldest"]
     parts: list[RenderableType] = [
         Text(
-            f"{report.profile} at {report.where} (schema {report.schema_version}): "
+            f"{report.profile} at {shown(report.where)} (schema {report.schema_version}): "
             f"{plural(totals['messages'], 'message')} in {plural(totals['groups'], 'group')}, "
             f"{totals['in_flight']} in flight, {totals['parked']} parked"
         )
@@ -120,7 +139,7 @@ def _queue(report: StatusReport, groups: int) -> list[RenderableType]:
     if oldest["seq"] is not None:
         age = oldest["age_seconds"]
         told = f", {age:.1f} s old" if age is not None else " (age unknown: its publisher did not stamp created_time)"
-        parts.append(Text(f"oldest message: #{oldest['seq']} of {oldest['group_id']}{told}"))
+        parts.append(Text(f"oldest message: #{oldest['seq']} of {shown(oldest['group_id'])}{told}"))
     if not queue["by_priority_and_routing_key"]:
         parts.append(Text("queue by priority and routing key: none (the queue is empty)"))
     else:
@@ -129,14 +148,15 @@ def _queue(report: StatusReport, groups: int) -> list[RenderableType]:
             table.add_column(column, justify="right" if column != "routing key" else "left")
         for row in queue["by_priority_and_routing_key"]:
             counts = (str(row[k]) for k in ("groups", "messages", "queued", "in_flight", "parked"))
-            table.add_row(str(row["priority"]), row["routing_key"] or "-", *counts)
+            table.add_row(str(row["priority"]), shown(row["routing_key"] or "-"), *counts)
         parts.append(table)
     if queue["deepest_groups"]:
         deepest = Table(title=f"deepest groups (up to {groups})")
         for column in ("group", "priority", "routing key", "messages", "head"):
             deepest.add_column(column)
         for row in queue["deepest_groups"]:
-            deepest.add_row(row["group_id"], str(row["priority"]), row["routing_key"] or "-", str(row["messages"]), row["head"])
+            cells = (row["group_id"], str(row["priority"]), row["routing_key"] or "-", str(row["messages"]), row["head"])
+            deepest.add_row(*map(shown, cells))
         parts.append(deepest)
     return parts
 
@@ -158,7 +178,7 @@ def _flow(flow: dict[str, Any]) -> list[RenderableType]:
         if limit["rate"] is not None:
             bounds.append(f"{limit['claims_in_period']} of {limit['rate']} claims in {format_period(limit['period'])}")
         held = f", {plural(limit['waiting'], 'group')} waiting for room" if limit["waiting"] else ""
-        parts.append(Text(f"limit {limit['key']}: {', '.join(bounds)}{held}"))
+        parts.append(Text(f"limit {shown(limit['key'])}: {', '.join(bounds)}{held}"))
     return parts
 
 
@@ -177,7 +197,7 @@ def _workers(report: StatusReport, rate: SettledRate | None) -> list[RenderableT
     for column in columns:
         table.add_column(column)
     for w in report.workers:
-        row = [w.worker_id, w.state, f"{w.seen_seconds_ago:.0f} s ago", f"{w.up_seconds:.0f} s", str(w.settled)]
+        row = [shown(w.worker_id), w.state, f"{w.seen_seconds_ago:.0f} s ago", f"{w.up_seconds:.0f} s", str(w.settled)]
         if rate is not None:
             per = rate.by_worker.get(w.worker_id)
             row.append("-" if per is None else f"{per:.1f}")
@@ -206,7 +226,7 @@ def _workflows(workflows: dict[str, Any] | None) -> list[RenderableType]:
     for row in workflows["namespaces"]:
         wake = row["next_wake_in_seconds"]
         table.add_row(
-            row["namespace"], str(row["ready"]), str(row["sleeping"]), str(row["claimed"]),
+            shown(row["namespace"]), str(row["ready"]), str(row["sleeping"]), str(row["claimed"]),
             "-" if wake is None else f"in {wake:.1f} s",
         )
     return [table]

@@ -14,6 +14,7 @@ from harel.engine.store import StoreConflict
 from harel.engine.transport import Lease
 
 from harel_edge.executor import Result, StatementError, Stmt
+from harel_edge.ids import refuse_nul
 from harel_edge.queue import statements as queue_sql
 from harel_edge.queue.leases import EventPath
 from harel_edge.queue.runs import Run, Write
@@ -29,6 +30,7 @@ class Writing:
 
     def _execution_write(self, exe: Execution, base: int) -> Write:
         """`exe` one version on, compare-and-set on `base`, the version the database holds."""
+        refuse_nul(exe.id, "execution id")
         n = self._n
         old = exe.version
         exe.version = old + 1  # the row's JSON names the version it writes; set in place, not copied

@@ -5,24 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from cli_helpers import env_for, run
-from harel.engine.execution import Execution
+from harel.engine.execution import Execution, Status
 from harel.spec.states import Event
 
 from harel_edge import LibsqlTransport
 from harel_edge.errors import ConfigurationError
 from harel_edge.execution_control import control_execution
-from harel_edge.executions import show_execution
+from harel_edge.executions import list_executions, show_execution
 from harel_edge.migration import prepare_database
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
 from harel_edge.worker import WorkerOptions, run_worker
 
 EXAMPLES = str(Path(__file__).resolve().parents[2] / "harel_edge" / "examples")
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
 def worker_until(settings, done: Callable[[], bool]) -> None:
@@ -125,10 +127,10 @@ def test_a_command_missing_what_it_needs_is_refused_before_anything_is_written(s
     assert detail(settings, "order-1").summary.status == "RUNNING"
 
 
-def test_retry_to_a_state_that_is_not_a_leaf_says_harels_reason(settings):
+def test_retry_to_a_state_that_is_not_there_is_refused_naming_the_leaf_states(settings):
     publish(settings, "Pay")
     worker_until(settings, lambda: detail(settings, "order-1").summary.status == "FAILED")
-    with pytest.raises(ConfigurationError, match="leaf state"):
+    with pytest.raises(ConfigurationError, match="has no state 'Nowhere'; give --to one of its leaf states"):
         control_execution(settings, "order-1", "retry", definitions_dir=EXAMPLES, to_state="Nowhere")
     assert detail(settings, "order-1").summary.status == "FAILED"
 
@@ -142,3 +144,124 @@ def test_the_commands_suspend_and_resume_and_say_what_changed(settings, tmp_path
     assert json.loads(again.stdout)["changed"] is False
     missing = run(["executions", "resume", "order-9"], env, tmp_path)
     assert missing.returncode == 1 and "no execution 'order-9'" in missing.stderr
+
+
+# ---- two callers at once, on the local file and on sqld ---------------------------------------------
+
+
+@pytest.fixture(params=["local", pytest.param("sqld", marks=pytest.mark.sqld)])
+def running(request, tmp_path) -> dict[str, str]:
+    """The settings (as a user's variables) of a database holding order-1, running in AwaitingPayment."""
+    if request.param == "local":
+        values = {"profile": "local", "db_path": str(tmp_path / "q.db")}
+    else:
+        server = request.getfixturevalue("fresh_sqld_primary")
+        values = {"profile": "sqld", "url": server.http_url, "auth_token": server.rw_token}
+    settings = ExplicitSettings.load(**values)
+    prepare_database(settings)
+    with EdgeStore(settings, create_schema=False) as store:
+        store.save(Execution(id="order-1", definition_id="order", status=Status.RUNNING, active_path="AwaitingPayment"))
+    return values
+
+
+def at_once(monkeypatch, calls: list[Callable[[], object]], status: Status) -> list:
+    """Each of `calls` in a thread of its own, in step: each read of the execution that finds it in
+    `status` waits until every call has made the same read, so all decide on what they saw before
+    any wrote, and all write on the same version (the barrier's timeout only guards against a hang)."""
+    barrier, load = threading.Barrier(len(calls)), EdgeStore.load
+
+    def load_together(self, execution_id):  # noqa: ANN001, ANN202
+        found = load(self, execution_id)
+        if found is not None and found.status is status:
+            barrier.wait(timeout=60)
+        return found
+
+    results: list = [None] * len(calls)
+
+    def call(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            results[i] = exc
+            barrier.abort()
+
+    with monkeypatch.context() as patched:
+        patched.setattr(EdgeStore, "load", load_together)
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(len(calls))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
+def test_two_suspends_then_two_resumes_at_once_each_change_it_once(running, monkeypatch):
+    settings = ExplicitSettings.load(**running)
+    for command, before, after in (("suspend", "running", "suspended"), ("resume", "suspended", "running")):
+        calls = [lambda command=command: control_execution(settings, "order-1", command)] * 2
+        outcomes = at_once(monkeypatch, calls, Status(before.upper()))
+        assert sorted(o.changed for o in outcomes) == [False, True], outcomes
+        assert {(o.before, o.after) for o in outcomes} == {(before, after), (after, after)}, outcomes
+    with EdgeStore(settings, create_schema=False) as store:
+        assert store.load("order-1").version == 3, "saved, suspended once, resumed once: no second write"
+
+
+def test_two_suspend_commands_at_once_one_says_it_changed_it_the_other_that_it_changed_nothing(
+    running, monkeypatch, capsys, tmp_path
+):
+    from typer.main import get_command
+
+    from harel_edge.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    for key, value in running.items():
+        monkeypatch.setenv(f"HAREL_EDGE_{key.upper()}", value)
+    command = get_command(app)
+    for verb, before in (("suspend", Status.RUNNING), ("resume", Status.SUSPENDED)):
+        capsys.readouterr()
+        args = ["executions", verb, "order-1", "--json"]
+        codes = at_once(monkeypatch, [lambda args=args: command.main(args, "harel-edge", standalone_mode=False)] * 2, before)
+        assert codes == [None, None], codes  # both ended well
+        printed, outcomes = capsys.readouterr().out.strip(), []
+        while printed:  # the two JSON objects, one after the other
+            outcome, end = json.JSONDecoder().raw_decode(printed)
+            outcomes.append(outcome)
+            printed = printed[end:].strip()
+        assert sorted(o["changed"] for o in outcomes) == [False, True], outcomes
+
+
+def test_retry_to_a_state_the_machine_does_not_have_says_so_and_lists_its_leaf_states(running, tmp_path):
+    settings = ExplicitSettings.load(**running)
+    with EdgeStore(settings, create_schema=False) as store:
+        store.save(Execution(id="order-2", definition_id="order", status=Status.FAILED, active_path="Paid", error="boom"))
+    said = (
+        "retry refused: machine 'order' has no state 'NoSuchState'; give --to one of its leaf states: "
+        "AwaitingPayment, Cancelled, Delivered, Paid, Shipped"
+    )
+    with pytest.raises(ConfigurationError) as refused:
+        control_execution(settings, "order-2", "retry", definitions_dir=EXAMPLES, to_state="NoSuchState")
+    assert str(refused.value) == said
+    result = run(["executions", "retry", "order-2", "--to", "NoSuchState", "-D", EXAMPLES], env_for(running), tmp_path)
+    assert result.returncode == 2 and said in result.stderr, result.stderr
+    after = detail(settings, "order-2")
+    assert (after.summary.status, after.summary.state, after.summary.error) == ("FAILED", "Paid", "boom")
+
+
+def test_a_cancel_the_machine_models_ends_done_with_its_outcome_as_the_docs_say_and_outcome_lists_it(running, tmp_path):
+    settings, env = ExplicitSettings.load(**running), env_for(running)
+    cancelled = run(["executions", "cancel", "order-1", "-D", EXAMPLES], env, tmp_path)
+    assert "order-1: running -> cancelling (in AwaitingPayment): its Cancel transition ends it" in cancelled.stdout
+    worker_until(settings, lambda: detail(settings, "order-1").summary.status == "DONE")
+    ended = [(e.id, e.status, e.outcome, e.state) for e in list_executions(settings, outcome="cancelled")]
+    assert ended == [("order-1", "DONE", "cancelled", "Cancelled")]
+    assert list_executions(settings, status="done", outcome="success") == []
+    listed = run(["executions", "list", "--outcome", "cancelled"], {**env, "COLUMNS": "200"}, tmp_path)
+    assert listed.returncode == 0 and "order-1" in listed.stdout and " cancelled " in listed.stdout, listed.stdout
+    assert "executions: none" in run(["executions", "list", "--outcome", "success"], env, tmp_path).stdout
+    show = run(["executions", "show", "order-1"], env, tmp_path)
+    assert "execution order-1 of order: done (outcome cancelled), in Cancelled" in show.stdout, show.stdout
+    row = next(line for line in DOCS.read_text().splitlines() if line.startswith("| `executions cancel "))
+    assert row.split(" | ")[2].startswith("cancelling, then done, with the outcome"), row

@@ -78,6 +78,16 @@ def test_a_failed_commit_leaves_nothing_behind(make_store):
     assert store.load("x").version == 2
 
 
+def test_an_execution_whose_id_holds_a_nul_is_refused_and_nothing_is_written(make_store):
+    """As the queue refuses such a group: the driver would read the id back cut at the NUL."""
+    store = make_store()
+    for write in (store.save, lambda exe: store.commit(exe, [("order\x0042", Event(kind="E"))])):
+        with pytest.raises(ValueError, match=r"execution id 'order\\x0042' contains a NUL character .* encode the id"):
+            write(Execution(id="order\x0042", definition_id="d"))
+    assert store.list_executions().items == [] and store.pending_outbox() == []
+    assert store.load("order") is None
+
+
 # Why EdgeStore exists: what harel 0.9's own LibsqlStore does on the remote profiles. If harel
 # changes, these fail, and the choice of store in harel_edge/store.py should be looked at again.
 
