@@ -8,7 +8,6 @@ rate limit bounds its claims in any rolling window of `period` seconds, on the p
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -24,6 +23,9 @@ from harel_edge.settings import EdgeSettings
 Execute = Callable[..., list[tuple]]
 
 UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+# What a limit may be (docs/flow-control.md, "What is accepted"): beyond them a value is a typo.
+MAX_COUNT = 1_000_000  # a concurrency, or a rate's claims in its period
+MIN_PERIOD, MAX_PERIOD = 0.001, 365 * 86400.0  # a rate's period, in seconds
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*([smhd]?)\s*$")
 
 
@@ -50,14 +52,13 @@ class Limit:
 def parse_rate(text: str) -> tuple[int, float]:
     """`N/PERIOD` as (N, seconds): `100/60s`, `100/1m`, `50/s`, `10/2.5` (seconds), `1000/h`."""
     match = _RATE.match(text)
-    if not match or (match.group(2) in ("", ".") and not match.group(3)):
+    if not match or match.group(2) == "." or (match.group(2) == "" and not match.group(3)):
         raise ConfigurationError(
             f"rate {text!r}: write N/PERIOD, the claims allowed per period, e.g. 100/60s, 100/1m, 50/s or 1000/h"
         )
     count, amount, unit = match.groups()
-    seconds = (float(amount) if amount not in ("", ".") else 1.0) * UNITS[unit]
-    if not seconds > 0 or not math.isfinite(seconds):
-        raise ConfigurationError(f"rate {text!r}: the period must be more than 0 seconds")
+    seconds = (float(amount) if amount else 1.0) * UNITS[unit]
+    _check_rate(int(count), seconds, f"--rate {text}")
     return int(count), seconds
 
 
@@ -74,13 +75,26 @@ def _check(key: str, concurrency: int | None, rate: int | None, period: float | 
     refuse_nul(key, "key")
     if concurrency is None and rate is None:
         raise ConfigurationError("give a limit to set: --concurrency N, --rate N/PERIOD, or both")
-    for name, value in (("concurrency", concurrency), ("rate", rate)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ConfigurationError(f"{name} must be a whole number >= 0 (0 holds the key back), got {value!r}")
+    _check_count(concurrency, "concurrency (--concurrency)")
     if (rate is None) != (period is None):
         raise ConfigurationError("a rate needs its period: --rate N/PERIOD, e.g. 100/60s")
-    if period is not None and not (period > 0 and math.isfinite(period)):
-        raise ConfigurationError(f"the rate's period must be a number of seconds above 0, got {period!r}")
+    if rate is not None:
+        _check_rate(rate, period, "rate (--rate N/PERIOD)")
+
+
+def _check_count(value: Any, name: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT):
+        raise ConfigurationError(
+            f"{name} must be a whole number from 0 to {MAX_COUNT:,} (0 holds the key back), got {value!r}"
+        )
+
+
+def _check_rate(rate: Any, period: Any, name: str) -> None:
+    """`name` says where the rate was given: the option, or the library's arguments."""
+    if isinstance(rate, bool) or not isinstance(rate, int) or not 0 <= rate <= MAX_COUNT:
+        raise ConfigurationError(f"{name}: the claims a period must be a whole number from 0 to {MAX_COUNT:,}, got {rate!r}")
+    if isinstance(period, bool) or not isinstance(period, int | float) or not MIN_PERIOD <= period <= MAX_PERIOD:
+        raise ConfigurationError(f"{name}: the period must be from {MIN_PERIOD * 1000:g} ms to 365 days, got {period!r} s")
 
 
 def _require_table(execute: Execute, prefix: str) -> str:

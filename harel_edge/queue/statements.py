@@ -337,12 +337,16 @@ def message_row(item: Message | tuple) -> tuple:
         raise ValueError(f"group_id must be a non-empty string, got {message.group_id!r}")
     refuse_nul(message.group_id, "group_id")
     refuse_nul(message.routing_key, "routing_key")
-    refuse_nul(message.limit_key, "limit_key")
-    refuse_nul(message.debounce_key, "debounce_key")
+    for name, option, key in (("limit_key", "--limit-key", message.limit_key), ("debounce_key", "--debounce-key", message.debounce_key)):
+        if key is not None and (not isinstance(key, str) or not key):
+            raise ValueError(f"{name} ({option}) must be a non-empty string, or not given, got {key!r}")
+        refuse_nul(key, name)
     if not isinstance(message.event, Event):
         raise TypeError(f"event must be a harel Event, got {type(message.event).__name__}")
     delay, at = _when(message.delay, message.at)
     debounce, max_wait = _debounce(message.debounce, message.max_wait, delay, at)
+    if message.debounce_key is not None and debounce is None:
+        raise ValueError("debounce_key (--debounce-key) names the burst a debounce replaces: give debounce (--debounce SECONDS) too")
     debounce_key = (message.debounce_key or message.event.kind) if debounce else None
     return (
         message.group_id,

@@ -9,6 +9,7 @@ from cli_helpers import env_for, run
 from harel.spec.states import Event
 
 from harel_edge import LibsqlTransport, limits
+from harel_edge.errors import ConfigurationError
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ def test_limits_clear_lifts_the_limits_and_says_when_a_key_had_none(queued, tmp_
     [
         (["limits", "set", "acme"], "give a limit to set: --concurrency N, --rate N/PERIOD"),
         (["limits", "set", "acme", "--rate", "100"], "write N/PERIOD"),
-        (["limits", "set", "acme", "--rate", "100/0s"], "the period must be more than 0 seconds"),
+        (["limits", "set", "acme", "--rate", "100/0s"], "the period must be from 1 ms to 365 days"),
     ],
     ids=["no limit given", "a rate without its period", "a period of zero"],
 )
@@ -88,3 +89,54 @@ def test_status_shows_what_holds_work_back_a_waiting_head_and_a_key_at_its_limit
     text = run(["status"], env, tmp_path).stdout
     assert "held back: 1 group behind a delayed, debounced or parked head" in text
     assert "limit acme: 1 of 1 in flight, 3 groups waiting for room" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--concurrency", "99999999999999999999"], "concurrency (--concurrency) must be a whole number from 0 to 1,000,000"),
+        (["--concurrency", "999999999999999999999"], "concurrency (--concurrency) must be a whole number from 0 to 1,000,000"),
+        (["--concurrency", "1000001"], "concurrency (--concurrency) must be a whole number from 0 to 1,000,000"),
+        (["--rate", "99999999999999999999/s"], "--rate 99999999999999999999/s: the claims a period must be a whole number from 0 to 1,000,000"),
+        (["--rate", "5/.s"], "rate '5/.s': write N/PERIOD"),
+        (["--rate", "5/0.0001s"], "--rate 5/0.0001s: the period must be from 1 ms to 365 days"),
+        (["--rate", "5/400d"], "--rate 5/400d: the period must be from 1 ms to 365 days"),
+    ],
+    ids=["a count of 20 digits", "a count of 21 digits", "a count over the bound", "a rate over the bound",
+         "a period without a number", "a period under a millisecond", "a period over a year"],
+)
+def test_limits_set_refuses_a_limit_out_of_range_naming_the_option_and_every_limit_stays_as_it_was(
+    queued, tmp_path, args, says
+):
+    settings, env = queued
+    assert run(["limits", "set", "acme", "--concurrency", "2", "--rate", "10/1m"], env, tmp_path).returncode == 0
+    before = limits.read_limits(settings)
+    refused = run(["limits", "set", "acme", *args], env, tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    assert says in refused.stderr and "Traceback" not in refused.stderr
+    assert limits.read_limits(settings) == before, "the refused command changed no limit"
+
+
+@pytest.mark.parametrize(
+    "limit",
+    [{"concurrency": 10**30}, {"concurrency": 1_000_001}, {"rate": 10**30, "period": 1.0}, {"rate": 5, "period": 1e-4},
+     {"rate": 5, "period": 366 * 86400.0}, {"rate": 5, "period": float("inf")}],
+    ids=["concurrency 10**30", "concurrency over the bound", "rate 10**30", "a period under 1 ms", "a period over a year",
+         "an infinite period"],
+)
+def test_the_librarys_set_key_limit_refuses_a_limit_out_of_range_and_changes_nothing(queued, limit):
+    settings, _env = queued
+    limits.set_key_limit(settings, "acme", concurrency=2)
+    before = limits.read_limits(settings)
+    with pytest.raises(ConfigurationError, match="from"):
+        limits.set_key_limit(settings, "acme", **limit)
+    assert limits.read_limits(settings) == before
+
+
+def test_limits_list_shows_keys_holding_markup_as_they_were_typed(queued, tmp_path):
+    settings, env = queued
+    for key in ("[/bold]", "[bold]x[/bold]"):
+        limits.set_key_limit(settings, key, concurrency=1)
+    listed = run(["limits", "list"], env, tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert "[/bold]" in listed.stdout and "[bold]x[/bold]" in listed.stdout
