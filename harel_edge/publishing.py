@@ -16,6 +16,7 @@ from harel.definition.events import ContextError, check_context, with_defaults
 from harel.definition.model import Definition
 from harel.engine.execution import Execution, stamp
 from harel.spec.states import Event
+from pydantic_core import PydanticSerializationError
 
 from harel_edge.access import check_writable
 from harel_edge.errors import ConfigurationError
@@ -114,9 +115,13 @@ def _flow_problem(request: PublishRequest) -> str | None:
     """Why the queue would refuse the request's flow-control fields (delay and at, or debounce
     with either, a negative delay...), checked before anything is sent; None if it would not."""
     try:
-        message_row(request.message(Event(kind=request.kind)))
+        message_row(request.message(Event(kind=request.kind, data=request.data)))  # its data serialised too
+    except PydanticSerializationError as exc:
+        return f"its data cannot be stored as JSON ({str(exc).splitlines()[0]}): nested too deep?"
     except (TypeError, ValueError) as exc:
-        return str(exc)
+        return str(exc).splitlines()[0]
+    except RecursionError:
+        return "its data is nested too deep to store"
     return None
 
 
@@ -229,14 +234,18 @@ def read_lines(lines: Iterable[str], source: str, *, definitions: str | None = N
     "max_wait": docs/flow-control.md)."""
     machines: dict[str, Definition] | None = None
     requests: list[PublishRequest] = []
-    for number, line in enumerate(lines, start=1):
+    for number, line in _numbered(lines, source):
         if not line.strip():
             continue
         where = f"{source}, line {number}"
         try:
-            item = json.loads(line)
+            item = json.loads(line, parse_constant=_no_constant)
         except json.JSONDecodeError as exc:
             raise ConfigurationError(f"{where}: not JSON ({exc.msg} at character {exc.pos}); nothing was sent") from None
+        except RecursionError:
+            raise ConfigurationError(f"{where}: nested too deep to read; nothing was sent") from None
+        except ValueError as exc:
+            raise ConfigurationError(f"{where}: {exc}; nothing was sent") from None
         if not isinstance(item, dict):
             raise ConfigurationError(f'{where}: a line must be a JSON object, e.g. {{"group": "order-1", "kind": "Pay"}}; nothing was sent')
         unknown = sorted(set(item) - set(LINE_FIELDS))
@@ -281,6 +290,30 @@ def read_lines(lines: Iterable[str], source: str, *, definitions: str | None = N
     if not requests:
         raise ConfigurationError(f"{source} holds no event (one JSON object a line); nothing was sent")
     return requests
+
+
+def _numbered(lines: Iterable[str], source: str) -> Iterable[tuple[int, str]]:
+    """The lines with their numbers; text that is not UTF-8 is refused naming its line."""
+    iterator, number = iter(lines), 0
+    while True:
+        number += 1
+        try:
+            line = next(iterator)
+        except StopIteration:
+            return
+        except UnicodeDecodeError:
+            raise ConfigurationError(f"{source}, line {number}: not UTF-8 text; nothing was sent") from None
+        yield number, line
+
+
+def utf8_lines(binary: Iterable[bytes]) -> Iterable[str]:
+    """A binary file's lines decoded one by one, so that text which is not UTF-8 is found on its line."""
+    for raw in binary:
+        yield raw.decode("utf-8")
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number JSON can hold (it would be stored as null): give a finite number")
 
 
 def _line_problem(item: dict[str, Any]) -> str | None:

@@ -143,13 +143,13 @@ def _publish_from(ctx: typer.Context, source: str, definitions: str | None, as_j
     from harel_edge import publishing  # noqa: PLC0415
 
     if source == "-":
-        requests = publishing.read_lines(sys.stdin, "stdin", definitions=definitions)
+        requests = publishing.read_lines(publishing.utf8_lines(sys.stdin.buffer), "stdin", definitions=definitions)
     else:
         path = Path(source)
         if not path.is_file():
             raise ConfigurationError(f"--from {source}: no such file (give an NDJSON file, or - to read stdin)")
-        with path.open(encoding="utf-8") as lines:
-            requests = publishing.read_lines(lines, source, definitions=definitions)
+        with path.open("rb") as binary:
+            requests = publishing.read_lines(publishing.utf8_lines(binary), source, definitions=definitions)
     settings = ctx.obj.settings()
     with Progress(
         TextColumn("publishing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True

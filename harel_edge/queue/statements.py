@@ -343,6 +343,7 @@ def message_row(item: Message | tuple) -> tuple:
         refuse_nul(key, name)
     if not isinstance(message.event, Event):
         raise TypeError(f"event must be a harel Event, got {type(message.event).__name__}")
+    refuse_non_finite(message.event.data)
     delay, at = _when(message.delay, message.at)
     debounce, max_wait = _debounce(message.debounce, message.max_wait, delay, at)
     if message.debounce_key is not None and debounce is None:
@@ -361,6 +362,19 @@ def message_row(item: Message | tuple) -> tuple:
         debounce,
         max_wait,
     )
+
+
+def refuse_non_finite(value: object, where: str = "data") -> None:
+    """JSON has no NaN or infinity: stored, they would become null. The data given is the data
+    stored, or an error."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where} holds {value!r}, which JSON cannot hold (it would be stored as null): give a finite number")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            refuse_non_finite(item, f"{where}.{key}")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            refuse_non_finite(item, f"{where}[{i}]")
 
 
 def _debounce(

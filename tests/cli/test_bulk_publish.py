@@ -65,7 +65,13 @@ def test_publish_from_stdin_reads_the_events_from_the_pipe(tmp_path):
         ('{"group": "g", "kind": "Work", "data": [1]}', '"data" must be a JSON object'),
         ('{"group": "g", "kind": "Work", "colour": "red"}', "unknown field 'colour'"),
         ('{"group": "g", "kind": "Pay", "create": "order"}', '"create" starts an execution: kind must be Start'),
+        ('{"group": "g", "kind": "Work", "data": {"x": NaN}}', "NaN is not a number JSON can hold"),
+        ('{"group": "g", "kind": "Work", "data": {"x": [1e400]}}', "data.x[0] holds inf, which JSON cannot hold"),
+        ('{"group": "g", "kind": "Work", "data": {"x": ' + "[" * 300 + "]" * 300 + "}}", "its data cannot be stored as JSON"),
+        ('{"group": "g", "kind": "Work", "data": {"x": ' + "[" * 3000 + "]" * 3000 + "}}", "nested too deep to read"),
     ],
+    ids=["not json", "a list", "priority", "empty group", "data a list", "unknown field", "create without Start",
+         "NaN", "1e400", "nested 300 deep", "nested 3000 deep"],
 )
 def test_a_bad_line_is_refused_with_its_number_before_anything_is_sent(tmp_path, bad, says):
     env = env_for({"profile": "local", "db_path": str(tmp_path / "q.db")})
@@ -104,3 +110,27 @@ def test_lines_that_create_start_executions_of_the_named_machine(tmp_path):
     assert publish_bulk(settings, requests).created == 0  # already there: left as they are
     with pytest.raises(ConfigurationError, match=r"orders.ndjson, line 1: .*--definitions DIR"):
         read_lines(lines, "orders.ndjson")
+
+
+def test_a_line_that_is_not_utf8_is_refused_with_its_number_before_anything_is_sent(tmp_path):
+    env = env_for({"profile": "local", "db_path": str(tmp_path / "q.db")})
+    assert run(["migrate"], env, tmp_path).returncode == 0
+    source = tmp_path / "events.ndjson"
+    source.write_bytes("\n".join(_lines(3)).encode() + b'\n{"group": "g", "kind": "\xff"}\n')
+    done = run(["publish", "--from", str(source)], env, tmp_path)
+    assert done.returncode == 2
+    assert "events.ndjson, line 4: not UTF-8 text; nothing was sent" in done.stderr
+
+
+def test_a_bad_line_after_the_first_batches_queues_nothing_on_every_profile(place, tmp_path):
+    """Batches go out 2,000 lines at a time: a line past the second that cannot be stored (nested
+    300 deep) is found before the first is sent."""
+    source = tmp_path / "events.ndjson"
+    deep = json.dumps({"group": "g", "kind": "Work"})[:-1] + ', "data": {"x": ' + "[" * 300 + "]" * 300 + "}}"
+    source.write_text("\n".join([*_lines(4100), deep]) + "\n")
+    env = env_for(place.values())
+    assert run(["migrate"], env, tmp_path).returncode == 0
+    done = run(["publish", "--from", str(source)], env, tmp_path, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "events.ndjson, line 4101:" in done.stderr and "nothing was sent" in done.stderr
+    assert _queued(place.settings()) == []
