@@ -49,20 +49,9 @@ from harel_edge.migration import prepare_database
 from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
+from harel_edge.testing.machines import COUNTER
 from harel_edge.worker import WorkerOptions, run_worker, tune_garbage_collector
 
-COUNTER = """
-event Tick {}
-
-machine counter {
-  context {
-    n: int = 0
-  }
-  initial Counting
-  state Counting {}
-  from Counting to Counting on Tick set context.n = context.n + 1
-}
-"""
 POLL = 0.005  # seconds between looks at the queue's depth
 
 

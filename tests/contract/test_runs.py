@@ -16,21 +16,10 @@ from harel_edge.limits import set_key_limit
 from harel_edge.migration import prepare_database
 from harel_edge.queue import EventPath, EventTransport
 from harel_edge.store import EventStore
+from harel_edge.testing.machines import COUNTER
 from harel_edge.worker import load_definitions
 from harel_edge.worker_loops import EdgeAsyncWorker
 
-COUNTER = """
-event Tick {}
-
-machine counter {
-  context {
-    n: int = 0
-  }
-  initial Counting
-  state Counting {}
-  from Counting to Counting on Tick set context.n = context.n + 1
-}
-"""
 LIMIT = 3  # deliveries before a failing event is dead-lettered
 RECHECK = 5.0  # how long a failed (or suspended) event stays parked
 MAX_RUN = 16
