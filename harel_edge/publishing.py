@@ -23,7 +23,6 @@ from harel_edge.errors import ConfigurationError
 from harel_edge.inspection import raise_missing
 from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.queue.statements import BATCH_ROWS, message_row
-from harel_edge.schema import EdgeNames
 from harel_edge.settings import EdgeSettings
 from harel_edge.store import EdgeStore
 
@@ -166,9 +165,7 @@ def publish(settings: EdgeSettings, request: PublishRequest) -> Published:
         if request.create is not None:
             with EdgeStore(settings) as store:
                 create_execution(store, request.group, request.create, request.priority)
-        before = _record(transport, settings, request) if request.event_id else None
-        transport.publish_many([request.message(event)])
-        duplicate = before is not None and _record(transport, settings, request) == before
+        duplicate = transport.publish_many([request.message(event)]) == 0
     return Published(request.group, request.priority, request.routing_key, event.model_dump(mode="json"), duplicate)
 
 
@@ -178,16 +175,6 @@ def check_publishable(settings: EdgeSettings) -> None:
     if settings.profile == "local" and not Path(settings.db_path).exists():
         raise_missing(settings.db_path)
     check_writable(settings)
-
-
-def _record(transport: LibsqlTransport, settings: EdgeSettings, request: PublishRequest) -> tuple | None:
-    """What the queue remembers of (group, event id): a publish that queues it writes a new
-    record, one it skips as a duplicate leaves the old one as it was."""
-    table = EdgeNames(settings.prefix).published
-    rows = transport.execute(
-        f"SELECT published_at, batch FROM {table} WHERE group_id = ? AND event_id = ?", (request.group, request.event_id)
-    )
-    return tuple(rows[0]) if rows else None
 
 
 def create_execution(store: EdgeStore, execution_id: str, machine: Definition, priority: int) -> bool:
@@ -212,15 +199,23 @@ LINE_FIELDS = ("group", "kind", "data", "priority", "routing_key", "id", "create
 
 @dataclass(frozen=True)
 class BulkPublished:
-    """What `publish_bulk` sent: the lines read, the batches (one unit of work each), the
-    executions it created."""
+    """What `publish_bulk` sent: the lines read, how many of them it queued (the others' ids were
+    there already), the batches (one unit of work each), the executions it created."""
 
     events: int
+    queued: int
     batches: int
     created: int = 0
 
+    @property
+    def already_queued(self) -> int:
+        return self.events - self.queued
+
     def as_dict(self) -> dict[str, Any]:
-        return {"events": self.events, "batches": self.batches, "created": self.created}
+        return {
+            "events": self.events, "queued": self.queued, "already_queued": self.already_queued,
+            "batches": self.batches, "created": self.created,
+        }  # fmt: skip
 
 
 def read_lines(lines: Iterable[str], source: str, *, definitions: str | None = None) -> list[PublishRequest]:
@@ -347,8 +342,7 @@ def publish_bulk(
         for r in requests
     ]
     check_publishable(settings)
-    created = 0
-    batches = 0
+    created = batches = queued = 0
     with LibsqlTransport(settings=settings) as transport:
         starting = [r for r in requests if r.create is not None]
         if starting:
@@ -357,8 +351,8 @@ def publish_bulk(
                     created += create_execution(store, r.group, r.create, r.priority)  # type: ignore[arg-type]
         for i in range(0, len(messages), BATCH_ROWS):
             chunk = messages[i : i + BATCH_ROWS]
-            transport.publish_many(chunk)
+            queued += transport.publish_many(chunk)
             batches += 1
             if on_batch is not None:
                 on_batch(len(chunk))
-    return BulkPublished(len(messages), batches, created)
+    return BulkPublished(len(messages), queued, batches, created)

@@ -160,8 +160,12 @@ def _publish_from(ctx: typer.Context, source: str, definitions: str | None, as_j
         print(json.dumps(done.as_dict()))
         return
     created = f", created {plural(done.created, 'execution')}" if done.created else ""
+    already = (
+        f"; {plural(done.already_queued, 'event')} already there, not queued again (its group had its id within"
+        " HAREL_EDGE_PUBLISH_WINDOW)" if done.already_queued else ""
+    )
     out.print(
-        f"published {plural(done.events, 'event')} in {plural(done.batches, 'batch', 'batches')}{created} "
-        "(an id its group already had within HAREL_EDGE_PUBLISH_WINDOW is not queued again)",
+        f"queued {done.queued} of {plural(done.events, 'event')} in {plural(done.batches, 'batch', 'batches')}"
+        f"{created}{already}",
         markup=False,
     )

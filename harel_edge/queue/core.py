@@ -124,7 +124,7 @@ class EventTransport(Settling, DeadLetters):
     async def publish_many(self, messages: Iterable[Message | tuple]) -> int:
         """All or none, in order, each checked before anything is sent; one unit of work (one
         statement up to BATCH_ROWS messages). An event id its group had within `publish_window`
-        is not queued again. Returns how many messages were given."""
+        is not queued again. Returns how many were queued (the rest were there already)."""
         rows = [sql.message_row(item) for item in messages]
         if not rows:
             return 0
@@ -132,20 +132,19 @@ class EventTransport(Settling, DeadLetters):
         now, window, batch = self.path.now(), self.path.settings.publish_window, secrets.token_hex(8)
         n = sql.BATCH_ROWS  # read now: tests lower it
         stmts = [sql.publish_statement(q, rows[i : i + n], now, window, batch) for i in range(0, len(rows), n)]
+        counted = sql.queued_count_statement(q, rows, batch)
 
-        async def attempt() -> bool:
-            if len(stmts) == 1:
-                await self.path.executor.execute(stmts[0])
-            else:
-                await self.path.executor.transaction(stmts)
-            return True
+        async def attempt() -> int:
+            results = await self.path.executor.transaction([*stmts, counted])
+            return int(results[-1].rows[0][0])
 
-        async def resolve() -> bool | None:
+        async def resolve() -> int | None:
             found = await self.path.execute(sql.published_sql(q), rows[0][0], rows[0][4])
-            return True if found.rows and found.rows[0][0] == batch else None
+            if not (found.rows and found.rows[0][0] == batch):
+                return None
+            return int((await self.path.executor.execute(counted)).rows[0][0])
 
-        await self.path.run("publish", attempt, resolve)
-        return len(rows)
+        return await self.path.run("publish", attempt, resolve)
 
     # ---- claim -----------------------------------------------------------------------------------
 

@@ -224,6 +224,17 @@ def published_sql(n: EdgeNames) -> str:
     return f"SELECT batch FROM {n.published} WHERE group_id = ? AND event_id = ?"
 
 
+def queued_count_statement(n: EdgeNames, rows: list[tuple], batch: str) -> Stmt:
+    """How many of `rows` (from `message_row`) the publish of `batch` queued: an id its group had
+    keeps its older record. Each distinct (group, event id) is found by the table's primary key."""
+    pairs = json.dumps(sorted({(row[0], row[4]) for row in rows}))
+    return Stmt(
+        f"SELECT count(*) FROM json_each(?) j JOIN {n.published} p ON p.group_id = json_extract(j.value, '$[0]')"
+        " AND p.event_id = json_extract(j.value, '$[1]') WHERE p.batch = ?",
+        (pairs, batch),
+    )
+
+
 def fence(lease: Lease) -> tuple[str, tuple]:
     """A lease made here carries its token; one made elsewhere (harel's own transport on a shared
     file) has only its seq to go by, as harel itself does."""

@@ -30,21 +30,24 @@ def _queued(settings) -> list[tuple]:
         )
 
 
-def test_publish_from_a_file_queues_every_line_in_order_in_batches_and_running_it_again_queues_nothing_more(place, tmp_path):
+def test_publish_from_a_file_queues_every_line_in_order_and_running_it_again_says_nothing_was_queued(place, tmp_path):
     source = tmp_path / "events.ndjson"
     source.write_text("\n".join(_lines(4500)) + "\n\n")
     env = env_for(place.values())
     assert run(["migrate"], env, tmp_path).returncode == 0
     first = run(["publish", "--from", str(source)], env, tmp_path, timeout=120)
     assert first.returncode == 0, first.stderr
-    assert "published 4500 events in 3 batches" in first.stdout
+    assert "queued 4500 of 4500 events in 3 batches" in first.stdout and "already there" not in first.stdout
     again = run(["publish", "--from", str(source), "--json"], env, tmp_path, timeout=120)
     assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout) == {"events": 4500, "batches": 3, "created": 0}
+    assert json.loads(again.stdout) == {"events": 4500, "queued": 0, "already_queued": 4500, "batches": 3, "created": 0}
+    source.write_text("\n".join(_lines(4501)) + "\n")  # one line more: only it is new
+    third = run(["publish", "--from", str(source)], env, tmp_path, timeout=120)
+    assert "queued 1 of 4501 events in 3 batches; 4500 events already there, not queued again" in third.stdout, third.stdout
     queued = _queued(place.settings(**({"db_path": env["HAREL_EDGE_DB_PATH"]} if "HAREL_EDGE_DB_PATH" in env else {})))
-    assert len(queued) == 4500  # the second run's ids were known: nothing queued twice
+    assert len(queued) == 4501  # the later runs' known ids: nothing queued twice
     for g in range(7):
-        assert [i for group, i in queued if group == f"g-{g}"] == list(range(g, 4500, 7))  # FIFO per group
+        assert [i for group, i in queued if group == f"g-{g}"] == list(range(g, 4501, 7))  # FIFO per group
 
 
 def test_publish_from_stdin_reads_the_events_from_the_pipe(tmp_path):
@@ -52,7 +55,7 @@ def test_publish_from_stdin_reads_the_events_from_the_pipe(tmp_path):
     assert run(["migrate"], env, tmp_path).returncode == 0
     done = run(["publish", "--from", "-"], env, tmp_path, input="\n".join(_lines(3)))
     assert done.returncode == 0, done.stderr
-    assert "published 3 events in 1 batch " in done.stdout
+    assert "queued 3 of 3 events in 1 batch" in done.stdout
 
 
 @pytest.mark.parametrize(
@@ -104,10 +107,11 @@ def test_lines_that_create_start_executions_of_the_named_machine(tmp_path):
     ] + [json.dumps({"group": "order-1", "kind": "Pay", "data": {"amount": 3.5}})]
     requests = read_lines(lines, "orders.ndjson", definitions=EXAMPLES)
     done = publish_bulk(settings, requests)
-    assert (done.events, done.batches, done.created) == (4, 1, 3)
+    assert (done.events, done.queued, done.batches, done.created) == (4, 4, 1, 3)
     with EdgeStore(settings) as store:
         assert [store.load(f"order-{n}").definition_id for n in range(3)] == ["order"] * 3
-    assert publish_bulk(settings, requests).created == 0  # already there: left as they are
+    again = publish_bulk(settings, requests)
+    assert (again.created, again.queued, again.already_queued) == (0, 1, 3), "the Pay without an id is new again"
     with pytest.raises(ConfigurationError, match=r"orders.ndjson, line 1: .*--definitions DIR"):
         read_lines(lines, "orders.ndjson")
 

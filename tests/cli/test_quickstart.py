@@ -49,7 +49,7 @@ def test_the_quickstart_runs_as_written_and_delivers_the_order(tmp_path):
     try:
         driven = bash("set -e\n" + "\n".join(exports + drive), tmp_path, env)
         assert driven.returncode == 0, driven.stdout + driven.stderr
-        assert "published Start" in driven.stdout and "published 2 events" in driven.stdout
+        assert "published Start" in driven.stdout and "queued 2 of 2 events" in driven.stdout
         show = "set -e\n" + "\n".join(exports) + "\nharel-edge executions show order-1 --json"
 
         def delivered() -> bool:

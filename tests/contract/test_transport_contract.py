@@ -255,7 +255,7 @@ def test_an_event_sent_to_its_group_again_within_the_window_is_queued_once(make_
     assert kinds(t) == ["e"]
     clock.now += 3599
     t.publish("G", event)
-    t.publish_many([Message("G", event), Message("G", Event(kind="new"))])
+    assert t.publish_many([Message("G", event), Message("G", Event(kind="new"))]) == 1, "it says how many it queued"
     assert kinds(t) == ["new"], "the same id within the window is not queued again; the batch's others are"
     t.publish("H", event)
     assert kinds(t) == ["e"], "the window is per group: the event sent to another group is queued"
@@ -272,7 +272,7 @@ def test_a_batch_publish_keeps_order_across_chunks_and_groups(make_transport, mo
     monkeypatch.setattr(transport_module, "BATCH_ROWS", 20)  # 121 messages: 7 statements
     t = make_transport(Clock())
     batch = [Message(f"g{i % 3}", Event(kind=f"{i % 3}:{i}"), priority=i % 3) for i in range(121)]
-    assert t.publish_many(batch) == 121
+    assert t.publish_many([*batch, batch[0]]) == 121, "the id given twice is queued once, and counted once"
     assert t.depth() == 121
     seen: dict[str, list[int]] = {}
     while leases := t.claim_many("w", 30, 3):  # each group's head in turn
