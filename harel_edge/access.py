@@ -33,6 +33,15 @@ READ_ONLY_TOKEN = (
 )
 
 
+class Listed(list):
+    """One page of a listing, and how many rows match in all, so a capped list can say "200 of
+    456". Its query's last column is `count(*) OVER ()`: one read gives both."""
+
+    def __init__(self, rows: list[tuple], make: Callable[[tuple], Any]) -> None:
+        super().__init__(make(row[:-1]) for row in rows)
+        self.total = int(rows[0][-1]) if rows else 0
+
+
 def primary_settings(settings: EdgeSettings) -> EdgeSettings:
     """The sqld-profile settings that talk to a replica's primary directly."""
     if settings.profile != "replica":

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from harel_edge import schema
-from harel_edge.access import with_primary_writer, with_reader
+from harel_edge.access import Listed, with_primary_writer, with_reader
 from harel_edge.errors import SchemaError
 from harel_edge.schema import EdgeNames, dead_letters_table, now_table
 from harel_edge.settings import EdgeSettings
@@ -89,15 +89,16 @@ def _check_kind(kind: str | None) -> None:
 
 
 def list_dead_letters(
-    execute: Execute, prefix: str, *, kind: str | None = None, limit: int = 100
-) -> list[DeadLetter]:
-    """The oldest `limit` dead letters (of `kind`, if given), oldest first."""
+    execute: Execute, prefix: str, *, kind: str | None = None, limit: int = 100, offset: int = 0
+) -> Listed:
+    """The oldest `limit` dead letters after the first `offset` (of `kind`, if given), oldest first."""
     _check_kind(kind)
     table = _require_table(execute, prefix)
     rows = execute(
-        f"SELECT {_COLUMNS} FROM {table} WHERE ?1 IS NULL OR kind = ?1 ORDER BY id LIMIT ?2", (kind, limit)
+        f"SELECT {_COLUMNS}, count(*) OVER () FROM {table} WHERE ?1 IS NULL OR kind = ?1 ORDER BY id LIMIT ?2 OFFSET ?3",
+        (kind, limit, offset),
     )
-    return [_dead_letter(row) for row in rows]
+    return Listed(rows, _dead_letter)
 
 
 def get_dead_letter(execute: Execute, prefix: str, dead_letter_id: int) -> DeadLetter | None:
@@ -147,11 +148,11 @@ class Purged:
 
 
 def read_dead_letters(
-    settings: EdgeSettings, *, kind: str | None = None, limit: int = 100
-) -> list[DeadLetter]:
+    settings: EdgeSettings, *, kind: str | None = None, limit: int = 100, offset: int = 0
+) -> Listed:
     """`list_dead_letters` with reads only: a read-only token is enough."""
     return with_reader(
-        settings, lambda execute: list_dead_letters(execute, settings.prefix, kind=kind, limit=limit)
+        settings, lambda execute: list_dead_letters(execute, settings.prefix, kind=kind, limit=limit, offset=offset)
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from harel.engine.execution import Status
 
-from harel_edge.access import with_reader
+from harel_edge.access import Listed, with_reader
 from harel_edge.errors import ConfigurationError
 from harel_edge.inspection import Execute
 from harel_edge.schema import PARKED, EdgeNames
@@ -71,19 +71,19 @@ def _status_filter(status: str | None) -> str | None:
     return status.upper()
 
 
-def _summaries(execute: Execute, prefix: str, where: str, params: tuple, limit: int) -> list[ExecutionSummary]:
+def _summaries(
+    execute: Execute, prefix: str, where: str, params: tuple, limit: int, offset: int = 0
+) -> Listed:
     n = EdgeNames(prefix)
     rows = execute(
         f"SELECT e.id, e.definition_id, json_extract(e.data, '$.status'), json_extract(e.data, '$.active_path'),"
         f" json_extract(e.data, '$.updated_at'), json_extract(e.data, '$.error'),"
-        f" (SELECT count(*) FROM {n.messages} m WHERE m.group_id = e.id), json_extract(e.data, '$.outcome')"
-        f" FROM {prefix}_executions e {where}"
-        f" ORDER BY json_extract(e.data, '$.updated_at') DESC, e.id LIMIT ?",
-        (*params, limit),
+        f" (SELECT count(*) FROM {n.messages} m WHERE m.group_id = e.id), json_extract(e.data, '$.outcome'),"
+        f" count(*) OVER () FROM {prefix}_executions e {where}"
+        f" ORDER BY json_extract(e.data, '$.updated_at') DESC, e.id LIMIT ? OFFSET ?",
+        (*params, limit, offset),
     )
-    return [
-        ExecutionSummary(str(r[0]), str(r[1]), str(r[2]), r[3], r[4], r[5], int(r[6] or 0), r[7]) for r in rows
-    ]
+    return Listed(rows, lambda r: ExecutionSummary(str(r[0]), str(r[1]), str(r[2]), r[3], r[4], r[5], int(r[6] or 0), r[7]))
 
 
 def list_executions(
@@ -93,10 +93,11 @@ def list_executions(
     machine: str | None = None,
     outcome: str | None = None,
     limit: int = 100,
-) -> list[ExecutionSummary]:
+    offset: int = 0,
+) -> Listed:
     """The executions, most recently changed first, of `status` (pending, running, done, failed,
     ...), of `machine` and ending with `outcome` (done ones: e.g. cancelled by their own `Cancel`
-    transition) when given. Reads only."""
+    transition) when given, `limit` of them after the first `offset`. Reads only."""
     wanted = _status_filter(status)
     clauses, params = [], []
     for clause, value in (
@@ -108,7 +109,7 @@ def list_executions(
             clauses.append(clause)
             params.append(value)
     where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
-    return with_reader(settings, lambda execute: _summaries(execute, settings.prefix, where, tuple(params), limit))
+    return with_reader(settings, lambda execute: _summaries(execute, settings.prefix, where, tuple(params), limit, offset))
 
 
 def status_counts(settings: EdgeSettings) -> dict[str, int]:

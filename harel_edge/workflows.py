@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from harel_edge.access import with_reader
+from harel_edge.access import Listed, with_reader
 from harel_edge.durable.runtime import RESULT
 from harel_edge.errors import ConfigurationError
 from harel_edge.inspection import Execute
@@ -46,9 +46,9 @@ class WorkflowDetail:
         return {**self.summary.as_dict(), "records": self.records}
 
 
-def _summaries(execute: Execute, prefix: str, where: str, params: tuple, limit: int) -> list[WorkflowSummary]:
+def _summaries(execute: Execute, prefix: str, where: str, params: tuple, limit: int, offset: int = 0) -> Listed:
     if not table_exists(execute, "workflow_checkpoint"):
-        return []
+        return Listed([], WorkflowSummary)
     dl = dead_letters_table(prefix)
     dead = table_exists(execute, dl)
     dead_ids = f" UNION SELECT workflow FROM {dl} WHERE kind = 'workflow'" if dead else ""
@@ -73,7 +73,7 @@ def _summaries(execute: Execute, prefix: str, where: str, params: tuple, limit: 
         f" ELSE 'ready' END"
     )
     rows = execute(
-        f"SELECT * FROM (SELECT i.workflow AS workflow, COALESCE(q.namespace, {dead_namespace}) AS namespace,"
+        f"SELECT *, count(*) OVER () FROM (SELECT i.workflow AS workflow, COALESCE(q.namespace, {dead_namespace}) AS namespace,"
         f" {state} AS state,"
         f" (SELECT count(*) FROM workflow_checkpoint s WHERE s.workflow = i.workflow AND s.step NOT LIKE '$%'),"
         f" COALESCE(q.failures, 0), COALESCE(q.last_error, {dead_error}),"
@@ -81,19 +81,19 @@ def _summaries(execute: Execute, prefix: str, where: str, params: tuple, limit: 
         f" (SELECT max(written_at) FROM workflow_checkpoint s WHERE s.workflow = i.workflow) AS last"
         f" FROM (SELECT workflow FROM workflow_checkpoint UNION SELECT workflow FROM workflow_queue{dead_ids}) i"
         f" LEFT JOIN workflow_queue q ON q.workflow = i.workflow, {now_table()})"
-        f" {where} ORDER BY last DESC, 1 LIMIT ?",
-        (*params, limit),
+        f" {where} ORDER BY last DESC, 1 LIMIT ? OFFSET ?",
+        (*params, limit, offset),
     )
-    return [
-        WorkflowSummary(str(r[0]), r[1], str(r[2]), int(r[3] or 0), int(r[4] or 0), r[5], None if r[6] is None else float(r[6]))
-        for r in rows
-    ]
+    return Listed(rows, lambda r: WorkflowSummary(
+        str(r[0]), r[1], str(r[2]), int(r[3] or 0), int(r[4] or 0), r[5], None if r[6] is None else float(r[6])
+    ))  # fmt: skip
 
 
 def list_workflows(
-    settings: EdgeSettings, *, state: str | None = None, namespace: str | None = None, limit: int = 100
-) -> list[WorkflowSummary]:
-    """The workflows, the most recently recorded first, in `state` and `namespace` when given. Reads only."""
+    settings: EdgeSettings, *, state: str | None = None, namespace: str | None = None, limit: int = 100, offset: int = 0
+) -> Listed:
+    """The workflows, the most recently recorded first, in `state` and `namespace` when given,
+    `limit` of them after the first `offset`. Reads only."""
     clauses, params = [], []
     if state is not None:
         if state.lower() not in STATES:
@@ -104,7 +104,7 @@ def list_workflows(
         clauses.append("namespace IS ?")
         params.append(namespace)
     where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
-    return with_reader(settings, lambda execute: _summaries(execute, settings.prefix, where, tuple(params), limit))
+    return with_reader(settings, lambda execute: _summaries(execute, settings.prefix, where, tuple(params), limit, offset))
 
 
 def show_workflow(settings: EdgeSettings, workflow: str) -> WorkflowDetail | None:

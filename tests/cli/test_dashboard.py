@@ -5,6 +5,8 @@ of each), requeueing needs write mode and the page's form token, and what a page
 from __future__ import annotations
 
 import contextlib
+import html
+import re
 import shutil
 import signal
 import socket
@@ -21,8 +23,9 @@ from cli_helpers import COMMAND, env_for, run
 from harel.engine.execution import Execution
 from harel.spec.states import Event
 
-from harel_edge import LibsqlTransport, dead_letter, executions
+from harel_edge import LibsqlTransport, dashboard, dead_letter, executions
 from harel_edge.dashboard import create_app
+from harel_edge.migration import migrate
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
 from harel_edge.testing import wait_until
@@ -82,11 +85,12 @@ def deployment(tmp_path_factory) -> ExplicitSettings:
 class Served:
     """The dashboard app served by uvicorn on a thread, on a loopback port the kernel picked."""
 
-    def __init__(self, settings: ExplicitSettings, *, write: bool) -> None:
+    def __init__(self, settings: ExplicitSettings, *, write: bool, hosts: tuple[str, ...] = ()) -> None:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(create_app(settings, write=write), log_level="warning")
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(create_app(settings, write=write, hosts=hosts), log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
@@ -129,25 +133,46 @@ def test_an_unknown_execution_is_a_404_page_that_links_back(read_only):
 def test_read_only_shows_no_requeue_and_refuses_one(read_only, deployment):
     (letter,) = dead_letter.read_dead_letters(deployment)
     assert "<button>requeue</button>" not in httpx.get(read_only.url + "/dead-letters", timeout=30).text
-    refused = httpx.post(f"{read_only.url}/dead-letters/{letter.id}/requeue", data={"form_token": "x"}, timeout=30)
+    refused = httpx.post(f"{read_only.url}/dead-letters/{letter.id}/requeue", data={"form_token": "x"},
+                         headers={"Origin": read_only.url}, timeout=30)  # fmt: skip
     assert refused.status_code == 403 and "--write" in refused.text
     assert dead_letter.read_dead_letters(deployment) == [letter], "nothing changed"
 
 
-def test_write_mode_requeues_with_the_pages_form_token_only(deployment, tmp_path):
-    copy = tmp_path / "copy.db"  # the shared database stays as the other tests expect it
+def writable_copy(deployment: ExplicitSettings, tmp_path: Path) -> ExplicitSettings:
+    """The deployment copied, so a test may change it while the others read the shared one."""
+    copy = tmp_path / "copy.db"
     with contextlib.closing(sqlite3.connect(deployment.db_path)) as source, contextlib.closing(sqlite3.connect(copy)) as target:
         source.backup(target)  # its WAL too
-    settings = ExplicitSettings.load(profile="local", db_path=str(copy))
+    return ExplicitSettings.load(profile="local", db_path=str(copy))
+
+
+def test_write_mode_requeues_with_the_pages_form_token_only(deployment, tmp_path):
+    settings = writable_copy(deployment, tmp_path)
     (letter,) = dead_letter.read_dead_letters(settings)
     with Served(settings, write=True) as served:
         page = httpx.get(served.url + "/dead-letters", timeout=30).text
         token = page.split('name="form_token" value="')[1].split('"')[0]
-        stale = httpx.post(f"{served.url}/dead-letters/{letter.id}/requeue", data={"form_token": "stale"}, timeout=30)
+        own = {"Origin": served.url}  # what a browser sends with the page's form
+        stale = httpx.post(f"{served.url}/dead-letters/{letter.id}/requeue", data={"form_token": "stale"}, headers=own, timeout=30)
         assert stale.status_code == 403
-        done = httpx.post(f"{served.url}/dead-letters/{letter.id}/requeue", data={"form_token": token}, timeout=30)
+        done = httpx.post(f"{served.url}/dead-letters/{letter.id}/requeue", data={"form_token": token}, headers=own, timeout=30)
         assert done.status_code == 303
     assert dead_letter.read_dead_letters(settings) == [], "requeued: back in the queue"
+
+
+def chromium_dom(url: str, tmp_path: Path) -> str:
+    """The DOM headless Chromium draws for `url`, as it resolves the URL."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.fail("Chromium is not installed: `apt-get install chromium` (.ci/run and `make test` install it)")
+    done = subprocess.run(  # noqa: S603
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'chromium'}",
+         "--dump-dom", url],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-500:]
+    return done.stdout
 
 
 def png_size(data: bytes) -> tuple[int, int]:
@@ -202,3 +227,144 @@ def test_the_command_serves_on_loopback_and_stops_on_ctrl_c(deployment, tmp_path
         stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 0, stderr
     assert f"dashboard on http://127.0.0.1:{port}/ (read-only)" in stdout
+
+
+# ---- the guards: hosts, origins, framing ----------------------------------------------------------
+
+
+def test_a_request_naming_another_host_is_refused_so_a_rebound_name_reads_nothing_and_requeues_nothing(deployment, tmp_path):
+    settings = writable_copy(deployment, tmp_path)
+    (letter,) = dead_letter.read_dead_letters(settings)
+    with Served(settings, write=True) as served:
+        evil = {"Host": "evil.example", "Origin": "http://evil.example"}  # a page whose name resolves to 127.0.0.1
+        page = httpx.get(served.url + "/dead-letters", headers=evil, timeout=30)
+        assert page.status_code == 400 and "unknown Host 'evil.example'" in page.text and "form_token" not in page.text
+        token = httpx.get(served.url + "/dead-letters", timeout=30).text.split('name="form_token" value="')[1].split('"')[0]
+        posted = httpx.post(f"{served.url}/dead-letters/{letter.id}/requeue", data={"form_token": token}, headers=evil, timeout=30)
+        assert posted.status_code == 400
+        for origin in ("http://evil.example", f"http://127.0.0.1:{served.port + 1}", None):  # another site, port, none
+            headers = {"Origin": origin} if origin else {}
+            posted = httpx.post(f"{served.url}/dead-letters/{letter.id}/requeue", data={"form_token": token}, headers=headers, timeout=30)
+            assert posted.status_code == 403 and "own page" in posted.text, (origin, posted.text)
+        assert dead_letter.read_dead_letters(settings) == [letter], "nothing was requeued"
+        for host in (f"localhost:{served.port}", f"[::1]:{served.port}", f"LOCALHOST:{served.port}"):
+            assert httpx.get(served.url + "/", headers={"Host": host}, timeout=30).status_code == 200, host
+
+
+def test_a_host_allowed_by_name_is_answered_and_its_own_origin_may_write(deployment, tmp_path):
+    settings = writable_copy(deployment, tmp_path)
+    (letter,) = dead_letter.read_dead_letters(settings)
+    with Served(settings, write=True, hosts=("dash.internal",)) as served:
+        own = {"Host": f"dash.internal:{served.port}"}
+        page = httpx.get(served.url + "/dead-letters", headers=own, timeout=30)
+        assert page.status_code == 200
+        token = page.text.split('name="form_token" value="')[1].split('"')[0]
+        done = httpx.post(f"{served.url}/dead-letters/{letter.id}/requeue", data={"form_token": token},
+                          headers={**own, "Origin": f"http://dash.internal:{served.port}"}, timeout=30)  # fmt: skip
+        assert done.status_code == 303
+    assert dead_letter.read_dead_letters(settings) == []
+
+
+@pytest.mark.parametrize("path", [*PAGES, "/executions/nobody", "/style.css"])
+def test_every_answer_forbids_framing_and_scripts(read_only, path):
+    answer = httpx.get(read_only.url + path, timeout=30)
+    assert answer.headers["x-frame-options"] == "DENY"
+    policy = answer.headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in policy and "default-src 'none'" in policy and "script-src" not in policy
+    assert answer.headers["x-content-type-options"] == "nosniff"
+
+
+# ---- clear answers: bad queries, odd ids, capped lists, the primary down --------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "says"),
+    [
+        ("/executions?state=nosuch", "?state=&#39;nosuch&#39;: use one of pending"),
+        ("/workflows?state=nosuch", "?state=&#39;nosuch&#39;: use one of ready, sleeping, running, finished, dead"),
+        ("/executions?page=0", "give a page number from 1"),
+        ("/dead-letters?page=x", "give a page number from 1"),
+    ],
+)
+def test_a_query_the_dashboard_cannot_answer_is_a_400_saying_what_to_give(read_only, path, says):
+    answer = httpx.get(read_only.url + path, timeout=30)
+    assert answer.status_code == 400 and says in answer.text, answer.text[-800:]
+
+
+ODD_IDS = ("order#42", "a?state=failed", "pct%2Fx", "evil/../victim", "victim", "..", ".", "two words", "<i>x</i>")
+
+
+@pytest.fixture
+def odd_ids(tmp_path) -> ExplicitSettings:
+    """A deployment whose executions have ids that mean something in a URL."""
+    settings = ExplicitSettings.load(profile="local", db_path=str(tmp_path / "odd.db"))
+    migrate(settings)
+    with EdgeStore(settings) as store:
+        for name in ODD_IDS:
+            store.save(Execution(id=name, definition_id="order"))
+    return settings
+
+
+def execution_links(listing: str) -> dict[str, str]:
+    """Each row's link on an executions page, by the id the row shows (as the page escapes it)."""
+    return dict(
+        (html.unescape(text), html.unescape(href))
+        for href, text in re.findall(r'<tr><td><a href="([^"]+)">([^<]*)</a></td>', listing)
+    )
+
+
+def test_each_link_to_an_execution_opens_its_own_page_whatever_its_id_holds(odd_ids, tmp_path):
+    with Served(odd_ids, write=False) as served:
+        links = execution_links(httpx.get(served.url + "/executions", timeout=30).text)
+        assert sorted(links) == sorted(ODD_IDS)
+        for name, href in links.items():
+            page = httpx.get(served.url + href, timeout=30)
+            assert page.status_code == 200 and f"<h1>Execution {html.escape(name)}</h1>" in page.text, (name, href)
+        for name in ("evil/../victim", "..", "pct%2Fx", "a?state=failed"):  # as a browser resolves the link
+            dom = chromium_dom(served.url + links[name], tmp_path)
+            assert f"<h1>Execution {html.escape(name, quote=False)}</h1>" in dom, (name, dom[-600:])
+
+
+def test_a_capped_list_says_how_many_there_are_and_pages_through_them(odd_ids, deployment, monkeypatch):
+    monkeypatch.setattr(dashboard, "LIMIT", 4)
+    with Served(odd_ids, write=False) as served:
+        first = httpx.get(served.url + "/executions", timeout=30).text
+        assert "1&ndash;4 of 9." in first and "previous page" not in first
+        seen = list(execution_links(first))
+        second = httpx.get(served.url + re.search(r'<a href="([^"]+)">next page</a>', first).group(1), timeout=30).text
+        assert "5&ndash;8 of 9." in second and "previous page" in second
+        seen += execution_links(second)
+        third = httpx.get(served.url + "/executions?page=3", timeout=30).text
+        assert "9&ndash;9 of 9." in third and "next page" not in third
+        seen += execution_links(third)
+        assert sorted(seen) == sorted(ODD_IDS), "every execution on exactly one page"
+        past = httpx.get(served.url + "/executions?page=4", timeout=30)
+        assert past.status_code == 200 and "Page 4 is past the end" in past.text
+    monkeypatch.setattr(dashboard, "LIMIT", 1)
+    with Served(deployment, write=False) as served:
+        workflows_page = httpx.get(served.url + "/workflows?state=finished", timeout=30).text
+        assert "1&ndash;1 of 2." in workflows_page and "/workflows?state=finished&amp;page=2" in workflows_page
+
+
+@pytest.mark.sqld
+def test_the_dashboard_says_the_primary_cannot_be_reached_and_comes_back_with_it(fresh_sqld_primary, tmp_path, capfd):
+    server = fresh_sqld_primary
+    settings = ExplicitSettings.load(
+        profile="sqld", url=server.http_url, auth_token=server.rw_token, retry_attempts=2, retry_deadline=1.0
+    )
+    with LibsqlTransport(settings=settings) as transport:
+        transport.publish("g", Event(kind="E"))
+    with Served(settings, write=False) as served:
+        assert httpx.get(served.url + "/", timeout=30).status_code == 200
+        server.stop()
+        for path in ("/", "/executions", "/dead-letters"):
+            down = httpx.get(served.url + path, timeout=60)
+            assert down.status_code == 503, down.text[-500:]
+            assert "The primary cannot be reached" in down.text and server.http_url in down.text
+            assert server.rw_token not in down.text
+        server.restart()
+        assert "1 message in 1 group" in httpx.get(served.url + "/", timeout=60).text
+    logged = capfd.readouterr()
+    assert "Traceback" not in logged.out + logged.err
+    assert (logged.out + logged.err).count("The primary cannot be reached") == 3, "one line a request"
+    assert server.rw_token not in logged.out + logged.err
