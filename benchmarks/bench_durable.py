@@ -54,7 +54,7 @@ from pathlib import Path
 
 os.environ.setdefault("RUST_LOG", "error")
 
-from harel_edge import schema  # noqa: E402
+from harel_edge import migrations  # noqa: E402
 from harel_edge.durable import LibsqlCheckpointer, SqlEffect, connect, migrate  # noqa: E402
 from harel_edge.durable.checkpoint_statements import CLAIM, RECORD, TRANSACT_FENCE  # noqa: E402
 from harel_edge.settings import EdgeSettings  # noqa: E402
@@ -130,7 +130,7 @@ def _sqlite3_operation(
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={durability.upper()}")
     conn.execute("PRAGMA busy_timeout=5000")
-    schema.migrate(lambda sql: conn.execute(sql).fetchall())
+    migrations.migrate(lambda sql: conn.execute(sql).fetchall())
     conn.execute(EFFECTS_TABLE)
     tokens = [
         conn.execute(CLAIM, (f"bench-{k}", BUDGET.total_seconds(), ALIVE.total_seconds(), None)).fetchall()[

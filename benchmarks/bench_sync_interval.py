@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import libsql  # noqa: E402
 
 from harel_edge.connection import EdgeConnection  # noqa: E402
-from harel_edge.loop_thread import Statements  # noqa: E402
 from harel_edge.settings import ExplicitSettings  # noqa: E402
+from harel_edge.sync_sql import Statements  # noqa: E402
 from harel_edge.testing import start_sqld_primary  # noqa: E402
 
 INTERVALS = [0.05, 0.1, 0.5, 1.0, 2.0, 5.0]

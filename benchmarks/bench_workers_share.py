@@ -31,8 +31,8 @@ from pathlib import Path
 from bench_worker import DELIVERED, EXAMPLES, STEPS, seed_edge
 
 from harel_edge import logs
-from harel_edge.loop_thread import Statements
 from harel_edge.settings import ExplicitSettings
+from harel_edge.sync_sql import Statements
 from harel_edge.testing import start_sqld_primary
 from harel_edge.testing.proxy import LatencyProxy
 

@@ -19,8 +19,8 @@ from harel_edge.errors import (
 
 if TYPE_CHECKING:
     from harel_edge.connection import EdgeConnection, connect
+    from harel_edge.migrations import SCHEMA_VERSION
     from harel_edge.queue import AsyncLibsqlTransport, LibsqlTransport, Message
-    from harel_edge.schema import SCHEMA_VERSION
     from harel_edge.settings import EdgeSettings
 
 __version__ = "0.1.0"

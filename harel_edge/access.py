@@ -19,8 +19,8 @@ from harel_edge.inspection import (
     raise_missing,
     write_access,
 )
-from harel_edge.loop_thread import Statements
 from harel_edge.settings import EdgeSettings
+from harel_edge.sync_sql import Statements
 
 READ_ONLY_FILE_FIX = (
     "workers, publish and migrate write the database and create its -wal and -shm beside it: make "

@@ -28,6 +28,8 @@ from harel_edge.errors import (
     NotADatabaseError,
     PrimaryUnavailableError,
 )
+from harel_edge.executor.base import Stmt
+from harel_edge.loop_thread import LoopThread
 from harel_edge.redaction import scrub
 from harel_edge.settings import EdgeSettings
 
@@ -47,7 +49,7 @@ class EdgeConnection:
         if settings.profile == "sqld":
             raise ConfigurationError(
                 "EdgeConnection opens a local file or an embedded replica's file; a sqld or Turso primary is "
-                "reached over Hrana: use LibsqlTransport, EdgeStore, or harel_edge.loop_thread.Statements"
+                "reached over Hrana: use LibsqlTransport, EdgeStore, or harel_edge.sync_sql.Statements"
             )
         self.profile: str = settings.profile
         self.last_sync_at: float | None = None
@@ -267,17 +269,25 @@ def _open(settings: EdgeSettings) -> Any:
 def _probe_primary(settings: EdgeSettings) -> Exception | None:
     """Ask the primary directly (over Hrana) why a replica could not sync: an `AuthError` when it
     refuses the token, a `PrimaryUnavailableError` when it cannot be reached, None when it answers."""
-    from harel_edge.loop_thread import Statements  # noqa: PLC0415 - the bridge builds on the executors, which build on this
+    from harel_edge.executor.remote import HranaExecutor  # noqa: PLC0415 - aiohttp, for replicas only
 
-    primary = Statements(settings.model_copy(update={"profile": "sqld", "url": settings.sync_url, "sync_url": None}))
+    primary = HranaExecutor(settings.model_copy(update={"profile": "sqld", "url": settings.sync_url, "sync_url": None}))
+
+    async def ask() -> None:
+        try:
+            await primary.execute(Stmt("SELECT 1"))
+        finally:
+            await primary.aclose()
+
+    bridge = LoopThread("harel-edge-probe")
     try:
-        primary.execute("SELECT 1")
+        bridge.call(ask())
     except (AuthError, PrimaryUnavailableError) as exc:
         return exc
     except Exception:  # noqa: BLE001 - the primary answered: the sync's own error is the one to report
         return None
     finally:
-        primary.close()
+        bridge.stop()
     return None
 
 

@@ -9,7 +9,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from harel_edge import schema
+from harel_edge import migrations
 from harel_edge.access import READ_ONLY_FILE_FIX, probe
 from harel_edge.errors import AuthError, DamagedDatabaseError, HarelEdgeError, PrimaryUnavailableError, tidy
 from harel_edge.inspection import (
@@ -72,7 +72,7 @@ def skew_check(skew: float, rtt: float) -> Check:
 
 
 def schema_check(facts: DatabaseFacts, prefix: str) -> Check:
-    found, wanted = facts.user_version, schema.SCHEMA_VERSION
+    found, wanted = facts.user_version, migrations.SCHEMA_VERSION
     if found > wanted:
         return Check(
             "schema version",

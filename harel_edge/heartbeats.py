@@ -1,4 +1,4 @@
-"""Workers' heartbeats on the primary (schema version 9): each worker writes one row every few
+"""Workers' heartbeats on the primary (their table: schema version 9): each worker writes one row every few
 seconds, so `status` shows who is running, what each settled so far and how its link behaves,
 and `status --watch` derives the rate of settled work from the counts, at no cost per event."""
 
@@ -11,21 +11,6 @@ from harel_edge.schema import DB_NOW, EdgeNames, Execute, table_exists
 
 FORGET_AFTER = 86_400.0  # a worker not seen for a day leaves the table
 SILENT_AFTER = 10.0  # the least silence that marks a worker silent, whatever its period
-
-
-def workers_table(prefix: str) -> str:
-    EdgeNames(prefix)  # validates the prefix
-    return f"{prefix}_transport_workers"
-
-
-def workers_v9(prefix: str) -> list[str]:
-    """One row a worker: when the primary last heard from it and what it reported then."""
-    return [
-        f"CREATE TABLE {workers_table(prefix)} ("
-        " worker_id TEXT PRIMARY KEY, profile TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,"
-        " started_at REAL NOT NULL, seen_at REAL NOT NULL, every REAL NOT NULL, stopped_at REAL,"
-        " settled INTEGER NOT NULL DEFAULT 0, in_flight_target INTEGER, latency REAL, replica_lag REAL)"
-    ]
 
 
 @dataclass(frozen=True)
@@ -52,7 +37,7 @@ def beat(
     """Record that `worker` (worker_id, profile, host, pid) is alive now, by the primary's clock;
     `stopped` marks a clean stop; `forget` (a worker's first beat) also deletes the workers not seen
     for a day, so a steady beat is one request to the primary."""
-    table = workers_table(prefix)
+    table = EdgeNames(prefix).workers
     worker_id, profile, host, pid = worker
     execute(
         f"INSERT INTO {table} (worker_id, profile, host, pid, started_at, seen_at, every, stopped_at, settled,"
@@ -96,7 +81,7 @@ class WorkerSeen:
 
 def workers_seen(execute: Execute, prefix: str) -> list[WorkerSeen]:
     """Every worker heard from in the last day, by worker id; none before schema version 9."""
-    table = workers_table(prefix)
+    table = EdgeNames(prefix).workers
     if not table_exists(execute, table):
         return []
     rows = execute(

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harel_edge import schema
+from harel_edge import migrations, schema
 from harel_edge.errors import (
     AuthError,
     DamagedDatabaseError,
@@ -62,7 +62,7 @@ def database_facts(execute: Execute) -> DatabaseFacts:
 def check_usable(facts: DatabaseFacts, prefix: str, where: str, *, adopt: bool = False) -> None:
     """Refuse a database harel_edge must not touch: written by a newer version, or another
     application's (its tables and none of ours) unless `adopt` says to share it on purpose."""
-    schema.refuse_newer(facts.user_version, str(where))
+    migrations.refuse_newer(facts.user_version, str(where))
     foreign = facts.foreign(prefix)
     if foreign and not facts.ours(prefix) and not adopt:
         shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")

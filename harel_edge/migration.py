@@ -13,9 +13,9 @@ from harel_edge import migrations, retry
 from harel_edge.access import open_for_writing
 from harel_edge.executor import open_executor
 from harel_edge.inspection import check_usable, database_facts
-from harel_edge.loop_thread import Statements
 from harel_edge.settings import EdgeSettings
 from harel_edge.status import settings_summary
+from harel_edge.sync_sql import Statements
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harel_edge import heartbeats, schema, schema_flow, schema_harel
+from harel_edge import schema, schema_flow, schema_harel
 from harel_edge.errors import SchemaError, SchemaTooNewError
 from harel_edge.executor import Stmt
 from harel_edge.schema import DEFAULT_PREFIX
@@ -71,8 +71,8 @@ VERSIONS: tuple[Version, ...] = (
         9,
         "workers' heartbeats",
         _none,
-        heartbeats.workers_v9,
-        lambda prefix: [heartbeats.workers_table(prefix)],
+        schema.workers_v9,
+        lambda prefix: [schema.EdgeNames(prefix).workers],
     ),
 )
 

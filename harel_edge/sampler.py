@@ -17,8 +17,8 @@ import structlog
 
 from harel_edge import heartbeats, observability
 from harel_edge.connection import EdgeConnection
-from harel_edge.executor import blocking_execute
 from harel_edge.inspection import last_sync_of_replica_file
+from harel_edge.loop_thread import blocking_execute
 from harel_edge.settings import EdgeSettings
 from harel_edge.status import dead_letter_status, flow_status, queue_status
 

@@ -61,6 +61,10 @@ class EdgeNames:
         return f"{self.prefix}_transport_published"
 
     @property
+    def workers(self) -> str:
+        return f"{self.prefix}_transport_workers"
+
+    @property
     def claim_trigger(self) -> str:
         return f"{self.prefix}_transport_on_claim_v6"
 
@@ -288,6 +292,16 @@ def publish_once_v6(prefix: str = DEFAULT_PREFIX) -> list[str]:
     ]
 
 
+def workers_v9(prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """One row a worker (its heartbeat): when the primary last heard from it and what it reported then."""
+    return [
+        f"CREATE TABLE {EdgeNames(prefix).workers} ("
+        " worker_id TEXT PRIMARY KEY, profile TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,"
+        " started_at REAL NOT NULL, seen_at REAL NOT NULL, every REAL NOT NULL, stopped_at REAL,"
+        " settled INTEGER NOT NULL DEFAULT 0, in_flight_target INTEGER, latency REAL, replica_lag REAL)"
+    ]
+
+
 def dead_letters_v6(prefix: str = DEFAULT_PREFIX) -> list[str]:
     """A message's delivery count and last error, the dead-letter table, and views that move into
     and out of it in ONE statement each (docs/operations.md, "Dead letters")."""
@@ -371,12 +385,3 @@ def has_routing_key(execute: Execute, prefix: str = DEFAULT_PREFIX) -> bool:
 def table_exists(execute: Execute, name: str) -> bool:
     rows = execute("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
     return bool(rows[0][0])
-
-
-# Versions live in migrations.py (built on this module); these names stay importable from here.
-def __getattr__(name: str) -> object:
-    if name in ("SCHEMA_VERSION", "refuse_newer", "migrate", "migration_sql"):
-        from harel_edge import migrations  # noqa: PLC0415 - migrations imports this module
-
-        return getattr(migrations, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

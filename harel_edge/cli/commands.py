@@ -242,11 +242,11 @@ def dashboard(
     ctx: typer.Context,
     port: int = typer.Option(8800, "--port", min=1, max=65535, metavar="PORT", help="The port to listen on, on 127.0.0.1."),
     write: bool = typer.Option(False, "--write", help="Allow requeueing dead letters from the page."),
-    allow_host: list[str] = typer.Option(
-        [], "--allow-host", metavar="NAME",
+    allow_host: Annotated[list[str] | None, typer.Option(
+        "--allow-host", metavar="NAME",
         help="Another host name the page may be reached by (a forwarded or proxied name); repeatable. "
         "127.0.0.1, localhost and ::1 always are; any other Host is refused.",
-    ),  # fmt: skip
+    )] = None,  # fmt: skip
 ) -> None:
     """Serve a web view of the deployment on 127.0.0.1 until Ctrl-C.
 
@@ -258,4 +258,4 @@ def dashboard(
     collect_status(settings, top=0)  # refuses, as `status` does, what it cannot read
     mode = "write mode: dead letters can be requeued" if write else "read-only"
     out.print(f"dashboard on http://127.0.0.1:{port}/ ({mode}); Ctrl-C stops it", markup=False)
-    serve(settings, port=port, write=write, hosts=allow_host)
+    serve(settings, port=port, write=write, hosts=allow_host or ())

@@ -5,143 +5,21 @@ A unit of work goes as one piece, and units in flight together are coalesced (do
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from harel_edge.errors import HarelEdgeError
+from harel_edge.executor.base import (
+    ClosesOnce,
+    Executor,
+    ExecutorClosedError,
+    Result,
+    StatementError,
+    Stmt,
+    Value,
+    built,
+    waiting,
+    with_one_tail,
+)
 from harel_edge.settings import EdgeSettings
-
-Value = None | int | float | str | bytes
-
-
-@dataclass(frozen=True)
-class Stmt:
-    """One SQL statement and its positional arguments."""
-
-    sql: str
-    args: tuple[Value, ...] = ()
-
-
-@dataclass
-class Result:
-    """What one statement returned: its rows, how many rows it changed, and, from a remote
-    primary, the replication index a replica must reach to see this write."""
-
-    rows: list[tuple[Any, ...]] = field(default_factory=list)
-    affected: int = 0
-    last_rowid: int | None = None
-    replication_index: int | None = None
-
-
-class StatementError(RuntimeError):
-    """A statement of a unit failed (the database's own error): the unit changed nothing."""
-
-    def __init__(self, message: str, *, step: int = 0, code: str | None = None) -> None:
-        super().__init__(message)
-        self.step = step
-        self.code = code
-
-
-class ClosesOnce:
-    """`aclose` that a cancelled caller cannot leave half done: one closing task (`_close`),
-    which every caller waits for."""
-
-    closed = False
-    _closing: Any = None
-
-    async def aclose(self) -> None:
-        if self._closing is None:
-            self.closed = True
-            self._closing = asyncio.ensure_future(self._close())
-        await asyncio.shield(self._closing)
-
-    async def _close(self) -> None:
-        raise NotImplementedError
-
-
-class ExecutorClosedError(HarelEdgeError):
-    """A unit of work was given to an executor after it was closed."""
-
-
-class Executor(Protocol):
-    """Runs units of work for one profile's database.
-
-    A unit once given is sent even if its caller is cancelled, and a cancelled caller cannot know
-    whether it committed: look it up (nothing is applied twice). docs/executor.md, "Cancellation".
-    """
-
-    closed: bool
-    # Units queued together share one fsync (a local file): callers gain by queueing at once.
-    commits_share_fsync: bool
-
-    async def execute(self, stmt: Stmt, *, volatile: bool = False) -> Result:
-        """One statement, committed on its own; `volatile`: a power cut may undo it harmlessly
-        (a lease), so a local file need not fsync it."""
-
-    async def transaction(self, stmts: list[Stmt]) -> list[Result]:
-        """All statements or none; a failing one raises `StatementError` naming its index.
-        Cancelled, the caller cannot know which: the unit may still commit."""
-
-    def deferred(self, build: Callable[[], list[Stmt]]) -> asyncio.Future:
-        """A transaction whose statements `build` makes (on the loop) when the commit or exchange
-        that carries it is put together, run after every other unit in it; the future's result
-        is its statements' results, or [] when `build` made none (then nothing is sent)."""
-
-    def make_room(self, events: int) -> None:
-        """A worker keeps `events` in flight: a primary's executor keeps enough exchanges in
-        flight to carry them (never fewer than before); a local file needs nothing."""
-
-    async def aclose(self) -> None:
-        """Send what is queued, then release connections."""
-
-
-def built(units: list[Any]) -> list[Any]:
-    """The units of one commit or exchange, the deferred ones (`Executor.deferred`) made now and
-    put last; one that makes no statement is answered [] and left out, one whose `build` raised
-    gets the error."""
-    ready, last = [], []
-    for unit in units:
-        build, unit.build = unit.build, None
-        if build is None:
-            ready.append(unit)
-            continue
-        try:
-            stmts = build()
-        except Exception as exc:  # noqa: BLE001 - handed to the unit's caller
-            if not unit.future.done():
-                unit.future.set_exception(exc)
-            continue
-        if not stmts:
-            if not unit.future.done():
-                unit.future.set_result([])
-            continue
-        unit.stmts, unit.tail = stmts, True
-        last.append(unit)
-    return ready + last
-
-
-def waiting(units: list[Any]) -> int:
-    """Units queued by callers: a deferred unit goes with them, and is no reason to linger."""
-    return sum(1 for unit in units if unit.build is None and not unit.tail)
-
-
-def with_one_tail(units: list[Any]) -> bool:
-    """A lone transaction and the one-statement deferred unit after it (a commit and its claim):
-    one transaction with no savepoint, since a failing statement undoes only itself, and the
-    unit's failure undoes both."""
-    return len(units) == 2 and units[1].tail and len(units[1].stmts) == 1 and not units[0].tail
-
-
-def blocking_execute(executor: Executor, loop: Any) -> Any:
-    """A sync `execute(sql, params) -> rows` for code running on a thread (schema steps, status
-    queries) whose statements go through `executor` on `loop`, which keeps running meanwhile."""
-    def execute(sql: str, params: tuple | list = ()) -> list[tuple]:
-        unit = executor.execute(Stmt(sql, tuple(params)))
-        return asyncio.run_coroutine_threadsafe(unit, loop).result().rows
-
-    return execute
 
 
 def open_executor(settings: EdgeSettings, *, local_runner: Any = None) -> Executor:
@@ -157,4 +35,5 @@ def open_executor(settings: EdgeSettings, *, local_runner: Any = None) -> Execut
     return LocalExecutor(settings, runner=local_runner)
 
 
-__all__ = ["blocking_execute", "Executor", "ExecutorClosedError", "Result", "StatementError", "Stmt", "Value", "open_executor"]
+__all__ = ["ClosesOnce", "Executor", "ExecutorClosedError", "Result", "StatementError", "Stmt", "Value", "built",
+           "open_executor", "waiting", "with_one_tail"]  # fmt: skip

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from harel_edge.executor import Result, StatementError, Stmt, Value
+from harel_edge.executor.base import Result, StatementError, Stmt, Value
 
 STREAM_PIPELINE = "/v3/pipeline"
 # Hrana 3's batch condition: the batch's (or the stream's) transaction still runs. A statement

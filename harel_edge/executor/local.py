@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from harel_edge.connection import EdgeConnection
-from harel_edge.executor import (
+from harel_edge.executor.base import (
+    CONSTRAINT,
     ClosesOnce,
     ExecutorClosedError,
     Result,
@@ -356,7 +357,7 @@ def _run_one(raw: Any, stmt: Stmt, step: int) -> Result:
     except Exception as exc:  # noqa: BLE001 - the database's own error, for this unit alone
         if _locked(exc):
             raise  # the commit as a whole is retried
-        error = StatementError(str(exc), step=step)
+        error = StatementError(str(exc), step=step, code=_code(exc))
         if was_in_transaction and not raw.in_transaction:
             raise _RolledBack(error) from None
         raise error from None
@@ -370,6 +371,12 @@ class _RolledBack(Exception):  # noqa: N818 - a signal inside this module, never
     def __init__(self, error: StatementError) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+def _code(exc: Exception) -> str | None:
+    """The result code the primary would send. The libsql driver raises a bare ValueError holding
+    only SQLite's message, whose constraint form ("UNIQUE constraint failed: ...") is fixed."""
+    return CONSTRAINT if " constraint failed" in str(exc) else None
 
 
 def _locked(exc: Exception) -> bool:

@@ -7,19 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import math
-import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-import aiohttp
-import orjson
 import structlog
 
 from harel_edge import observability
-from harel_edge.errors import AuthError, PrimaryUnavailableError
-from harel_edge.executor import (
+from harel_edge.errors import PrimaryUnavailableError
+from harel_edge.executor.base import (
     ClosesOnce,
     ExecutorClosedError,
     Result,
@@ -31,7 +27,6 @@ from harel_edge.executor import (
 )
 from harel_edge.executor.hrana import (
     NOT_RUN,
-    STREAM_PIPELINE,
     grouped_batch,
     grouped_outcomes,
     lock_refused,
@@ -41,13 +36,12 @@ from harel_edge.executor.hrana import (
     transaction_request,
     unit_result,
 )
+from harel_edge.executor.http import PrimaryHttp
 from harel_edge.executor.stream import HranaSession
-from harel_edge.redaction import scrub
 from harel_edge.settings import EdgeSettings
 
 log = structlog.get_logger("harel_edge.executor.remote")
 
-JSON_BODY = {"Content-Type": "application/json"}  # the body is encoded here (orjson), not by aiohttp
 # Callers one turn of the loop wakes when a shared transaction's answer comes: each goes on with
 # its event (a transition, the next commit), and 128 at once held the loop for milliseconds.
 SETTLE_SLICE = 16
@@ -60,32 +54,9 @@ LOCK_PAUSE = 0.01
 LOCK_PAUSE_MOST = 0.1
 LOCK_TRIES = 20  # 1.65 s of pauses in all: a checkpoint of 5 s of a busy primary's writes took 0.4 s
 
-# A pipeline of many commits is still small (a few KB a unit); sqld answers it in milliseconds.
-# `sock_read` bounds how long a unit may wait for an answer that never comes; `connect` includes
-# the wait for a free connection of the pool, `sock_connect` the TCP (and TLS) handshake alone.
-TIMEOUT = aiohttp.ClientTimeout(total=None, connect=30.0, sock_connect=5.0, sock_read=30.0)
-
-
-def http_base_url(url: str) -> str:
-    """The HTTP address of a primary: `libsql://` is Turso's HTTPS (the settings refuse `ws://`)."""
-    parts = urlsplit(url)
-    scheme = {"libsql": "https"}.get(parts.scheme, parts.scheme)
-    if scheme not in ("http", "https"):
-        raise ValueError(f"{url!r} is not an http://, https:// or libsql:// address")
-    return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
-
-
 def exchanges_for(events: int, units: int) -> int:
     """Exchanges in flight that carry a window of `events` twice over, `units` a request; at least 2."""
     return max(2, math.ceil(2 * events / units))
-
-
-def environment_proxy(url: str) -> str | None:
-    """The proxy that HTTP_PROXY / HTTPS_PROXY / NO_PROXY name for `url`, if any."""
-    parts = urlsplit(url)
-    if urllib.request.proxy_bypass(parts.hostname or ""):
-        return None
-    return urllib.request.getproxies().get(parts.scheme)
 
 
 @dataclass
@@ -130,20 +101,13 @@ class HranaExecutor(ClosesOnce):
         max_units: int = 128,
         linger: float | None = None,
     ) -> None:
-        server = settings.server
-        if not server:
-            raise ValueError(f"the {settings.profile} profile has no primary to send statements to")
-        self.where = server
-        token = settings.auth_token.get_secret_value().strip() if settings.auth_token else ""
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._base_url = http_base_url(server)
         # Exchanges in flight: 2 until a worker's window asks for more (`make_room`), up to enough
         # to carry the widest window twice over (a far primary needs all of it on the wire at
         # once, and exchanges leave part full).
         self._max_requests = max_requests or 2
         self._most_requests = max(self._max_requests, exchanges_for(settings.max_in_flight, max_units))
-        self._proxy = environment_proxy(self._base_url)
-        self._client: aiohttp.ClientSession | None = None  # opened on the loop, at the first exchange
+        self.http = PrimaryHttp(settings, pool=self._most_requests)
+        self.where = self.http.where
         self._max_units = max_units
         self._linger = settings.commit_linger if linger is None else linger
         self._slots = asyncio.Semaphore(self._max_requests)
@@ -152,10 +116,14 @@ class HranaExecutor(ClosesOnce):
         self._drain_task: asyncio.Task | None = None
         self._in_flight = 0
         self._tasks: set[asyncio.Task] = set()
-        self.exchanges = 0  # HTTP exchanges sent, for benchmarks and tests
 
     def __repr__(self) -> str:  # never the token
         return f"<HranaExecutor {self.where}>"
+
+    @property
+    def exchanges(self) -> int:
+        """HTTP exchanges sent, for benchmarks and tests."""
+        return self.http.exchanges
 
     async def execute(self, stmt: Stmt, *, volatile: bool = False) -> Result:  # noqa: ARG002 - the primary decides durability
         return await self._submit([stmt], single=True)
@@ -177,19 +145,7 @@ class HranaExecutor(ClosesOnce):
     async def _close(self) -> None:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        if self._client is not None:
-            await self._client.close()
-
-    def _http(self) -> aiohttp.ClientSession:
-        """The connection pool, opened on the loop that uses it. The environment's proxy is looked
-        up once, here, not at every request (aiohttp's `trust_env` does it in a thread each time)."""
-        if self._client is None:
-            self._client = aiohttp.ClientSession(
-                headers=self._headers,
-                timeout=TIMEOUT,
-                connector=aiohttp.TCPConnector(limit=self._most_requests),
-            )
-        return self._client
+        await self.http.close()
 
     # ---- coalescing --------------------------------------------------------------------------
 
@@ -259,10 +215,10 @@ class HranaExecutor(ClosesOnce):
                 results = await self.post([transaction_request(units[0].stmts, units[1].stmts[0])])
             elif grouped:
                 requests, layout = grouped_batch([u.stmts for u in units])
-                body = self._encode(requests, None)
+                body = self.http.encode(requests, None)
                 del requests  # the body alone stays while the exchange is on the wire
                 await asyncio.sleep(0)  # a turn of the loop between putting the batch together and sending it
-                results = await self._send(body)
+                results = await self.http.send(body)
                 if any(stored.get("type") != "ok" for stored in results[:-1]):
                     # Steps naming a text the primary did not store could not run; which ran is
                     # for the caller's lookup to find, as after a lost answer.
@@ -390,79 +346,9 @@ class HranaExecutor(ClosesOnce):
             raise ExecutorClosedError(f"{self!r} was closed: open a new store to go on")
         return HranaSession(self)
 
-    async def post(
-        self, requests: list[dict[str, Any]], *, stream: HranaSession | None = None
-    ) -> list[dict[str, Any]]:
-        """One HTTP exchange; raises what a caller's retry policy can classify. Without a
-        `stream` the exchange opens a stream and closes it (no stream is left to expire after a
-        worker dies, nor holds one of the primary's connections); with one, it goes on that stream."""
-        return await self._send(self._encode([orjson.dumps(r) for r in requests], stream), stream)
-
-    def _encode(self, requests: list[bytes], stream: HranaSession | None) -> _Body:
-        """The exchange's body from its requests' JSON (orjson: a tenth of the json module's time).
-        Only bytes stay while the exchange is on the wire: a grouped batch's dicts took about
-        four times the memory of its JSON."""
-        count = len(requests)
-        if stream is None:
-            url, baton, requests = STREAM_PIPELINE, b"null", [*requests, b'{"type":"close"}']
-        else:
-            url, baton = stream.url, orjson.dumps(stream.baton)
-        target = url if url.startswith(("http://", "https://")) else self._base_url + url
-        data = b'{"baton":' + baton + b',"requests":[' + b",".join(requests) + b"]}"
-        return _Body(target, data, count)
-
-    async def _send(self, body: _Body, stream: HranaSession | None = None) -> list[dict[str, Any]]:
-        """Send an encoded exchange (`post`) and read its answer's results."""
-        self.exchanges += 1
-        try:
-            async with self._http().post(body.url, data=body.data, headers=JSON_BODY, proxy=self._proxy) as response:
-                status, content = response.status, await response.read()
-        except TimeoutError as exc:
-            raise PrimaryUnavailableError(
-                f"the primary at {self.where} did not answer in time ({type(exc).__name__}); its "
-                "outcome is unknown and is looked up before any retry"
-            ) from None
-        except aiohttp.ClientError as exc:
-            raise PrimaryUnavailableError(
-                f"cannot reach the primary at {self.where} ({type(exc).__name__}: {scrub(str(exc))}): check that it "
-                "runs and that HAREL_EDGE_URL / HAREL_EDGE_SYNC_URL is its HTTP address"
-            ) from None
-        log.debug("hrana exchange", requests=body.requests, status=status)  # a line a request, when debugging
-        if status != 200:
-            raise _status_error(self.where, status, scrub(content.decode(errors="replace")))
-        try:
-            answer = orjson.loads(content)
-            results = answer["results"]
-            if not isinstance(results, list) or len(results) < body.requests:
-                raise ValueError("fewer results than requests")
-            if stream is not None:
-                stream.follow(answer.get("baton"), answer.get("base_url"))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise PrimaryUnavailableError(
-                f"the primary at {self.where} sent an answer that is not Hrana ({exc}); its outcome "
-                "is unknown and is looked up before any retry"
-            ) from None
-        return results[: body.requests]
-
-
-@dataclass(frozen=True)
-class _Body:
-    url: str
-    data: bytes = field(repr=False)  # the statements' arguments: an application's data
-    requests: int  # how many results the answer must hold
-
-
-def _status_error(where: str, status: int, text: str) -> Exception:
-    """What an HTTP answer other than 200 means to the caller's retry policy."""
-    if status in (401, 403):
-        return AuthError(
-            f"the primary at {where} refused the credentials (HTTP {status}: {text[:200]}): set "
-            "HAREL_EDGE_AUTH_TOKEN to a valid read-write token"
-        )
-    if status >= 500 or status == 429:
-        return PrimaryUnavailableError(f"the primary at {where} answered HTTP {status} ({text[:200]}); retried under the retry policy")
-    return ValueError(f"the primary at {where} rejected the request: HTTP {status} {text[:300]}")
-
+    async def post(self, requests: list[dict[str, Any]], *, stream: HranaSession | None = None) -> list[dict[str, Any]]:
+        """One HTTP exchange (`PrimaryHttp.post`), for a stream of this executor."""
+        return await self.http.post(requests, stream=stream)
 
 def _settle(unit: _Unit, outcome: Any) -> None:
     """Hand a unit's caller its outcome from a shared transaction (none if it went again alone)."""

@@ -4,20 +4,23 @@ Python effect's `transact`), rolled back by the primary if the stream is dropped
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from harel_edge.executor import ExecutorClosedError, Result, StatementError, Stmt
+from harel_edge.executor.base import ExecutorClosedError, Result, StatementError, Stmt
 from harel_edge.executor.hrana import IN_TRANSACTION, STREAM_PIPELINE, result_of, statement_error, stmt_json
 
-if TYPE_CHECKING:
-    from harel_edge.executor.remote import HranaExecutor
+
+class Poster(Protocol):
+    """What a stream needs of its executor: one HTTP exchange, on the stream given."""
+
+    async def post(self, requests: list[dict[str, Any]], *, stream: Any = None) -> list[dict[str, Any]]: ...
 
 
 class HranaSession:
     """One Hrana stream: statements run in order on one connection of the primary, so a
     transaction can span several requests. Closing the stream rolls back what it left open."""
 
-    def __init__(self, executor: HranaExecutor) -> None:
+    def __init__(self, executor: Poster) -> None:
         self._executor = executor
         self.url = STREAM_PIPELINE
         self.baton: str | None = None

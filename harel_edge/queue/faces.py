@@ -14,8 +14,8 @@ from harel.engine.transport import Lease
 from harel.spec.states import Event
 
 from harel_edge import migrations
-from harel_edge.executor import blocking_execute, open_executor
-from harel_edge.loop_thread import SyncFace
+from harel_edge.executor import open_executor
+from harel_edge.loop_thread import SyncFace, blocking_execute
 from harel_edge.queue import statements as sql
 from harel_edge.queue.core import EventTransport
 from harel_edge.queue.leases import Clock, EventPath

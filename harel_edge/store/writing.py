@@ -191,7 +191,7 @@ class Writing:
                 return (await self.path.executor.transaction(stmts))[len(head) :]
             except StatementError as exc:
                 # Step -1 is the BEGIN (the primary's write lock refused: nothing ran), for the retry policy.
-                if write is not None and 0 <= exc.step < len(head) and (write.base > 0 or "constraint" in str(exc).lower()):
+                if write is not None and 0 <= exc.step < len(head) and (write.base > 0 or exc.refused_by_a_constraint):
                     rows = (await self.path.execute(n.sql(store_sql.VERSION_OF), write.execution_id)).rows
                     raise StoreConflict(write.execution_id, expected=write.base, found=rows[0][0] if rows else None) from None
                 raise

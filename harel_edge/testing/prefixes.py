@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harel_edge.loop_thread import Statements
 from harel_edge.settings import ExplicitSettings
+from harel_edge.sync_sql import Statements
 
 # What every prefix shares (the durable stores' tables) and SQLite's own: never dropped, since a
 # database's `user_version` says they are there.

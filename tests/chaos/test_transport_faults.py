@@ -37,9 +37,9 @@ from typing import Any
 import pytest
 from harel.spec.states import Event
 
-from harel_edge.loop_thread import Statements
 from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
+from harel_edge.sync_sql import Statements
 from harel_edge.testing import wait_until
 
 pytestmark = [pytest.mark.chaos, pytest.mark.sqld]

@@ -15,7 +15,7 @@ from harel.spec.states import Event
 
 from harel_edge import LibsqlTransport
 from harel_edge.connection import EdgeConnection
-from harel_edge.schema import SCHEMA_VERSION
+from harel_edge.migrations import SCHEMA_VERSION
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
 

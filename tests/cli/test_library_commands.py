@@ -15,8 +15,8 @@ from harel_edge.doctor import Diagnosis, diagnose
 from harel_edge.errors import ConfigurationError, SchemaError
 from harel_edge.executor import ExecutorClosedError
 from harel_edge.migration import Migration, migrate
+from harel_edge.migrations import SCHEMA_VERSION
 from harel_edge.publishing import Published, publish, publish_request
-from harel_edge.schema import SCHEMA_VERSION
 from harel_edge.settings import ExplicitSettings
 from harel_edge.status import StatusReport, collect_status
 from harel_edge.store import EdgeStore

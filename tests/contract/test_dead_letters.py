@@ -10,10 +10,10 @@ from harel.spec.states import Event
 
 from harel_edge import dead_letter
 from harel_edge.executor import open_executor
-from harel_edge.loop_thread import Statements
 from harel_edge.migration import prepare_database
 from harel_edge.queue import EventPath, EventTransport
 from harel_edge.store import EventStore
+from harel_edge.sync_sql import Statements
 from harel_edge.worker_loops import EdgeAsyncWorker
 
 LIMIT = 3

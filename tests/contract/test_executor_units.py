@@ -57,3 +57,28 @@ def test_a_unit_that_rolls_back_the_transaction_fails_alone_and_every_other_unit
     assert rows == [(x,) for x in range(11)], "every other unit was applied, none of the bad one"
     if edge.profile == "local":
         assert exchanges == 1, "the eleven units shared one commit"
+
+
+def test_a_statement_refused_by_a_constraint_says_so_by_its_code_on_every_profile(edge):
+    settings = edge.settings()
+    p = settings.prefix
+
+    async def main():
+        executor = open_executor(settings)
+        try:
+            await executor.execute(Stmt(f"CREATE TABLE {p}_c (x INTEGER PRIMARY KEY, y CHECK (y > 0))"))
+            await executor.execute(Stmt(f"INSERT INTO {p}_c VALUES (1, 1)"))
+            answers = []
+            for sql in (f"INSERT INTO {p}_c VALUES (1, 1)", f"INSERT INTO {p}_c VALUES (2, -1)", f"SELECT * FROM {p}_nothing"):
+                try:
+                    await executor.transaction([Stmt(sql)])
+                except StatementError as exc:
+                    answers.append(exc)
+            return answers
+        finally:
+            await executor.aclose()
+
+    unique, check, missing = asyncio.run(main())
+    assert unique.refused_by_a_constraint and unique.code.startswith("SQLITE_CONSTRAINT"), repr(unique)
+    assert check.refused_by_a_constraint, repr(check)
+    assert not missing.refused_by_a_constraint, "a missing table is not a constraint"

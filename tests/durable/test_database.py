@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harel_edge import schema
+from harel_edge import migrations
 from harel_edge.durable import DatabaseClosedError, connect, migrate
 from harel_edge.errors import SchemaTooNewError
 from harel_edge.settings import EdgeSettings
@@ -182,8 +182,8 @@ def test_migrate_is_idempotent_and_records_the_schema_version(settings) -> None:
         return first, second, version
 
     first, second, version = asyncio.run(scenario())
-    assert (first, second) == (0, schema.SCHEMA_VERSION)
-    assert version == [(schema.SCHEMA_VERSION,)]
+    assert (first, second) == (0, migrations.SCHEMA_VERSION)
+    assert version == [(migrations.SCHEMA_VERSION,)]
 
 
 def test_migrate_from_several_connections_at_once_succeeds_everywhere(settings) -> None:  # noqa: ANN001
@@ -200,7 +200,7 @@ def test_migrate_from_several_connections_at_once_succeeds_everywhere(settings) 
 
 def test_a_database_from_a_newer_harel_edge_is_refused_and_left_untouched(settings) -> None:  # noqa: ANN001
     with sqlite3.connect(settings.db_path) as newer:
-        newer.execute(f"PRAGMA user_version = {schema.SCHEMA_VERSION + 1}")
+        newer.execute(f"PRAGMA user_version = {migrations.SCHEMA_VERSION + 1}")
 
     async def scenario() -> None:
         database = connect(settings)
@@ -213,7 +213,7 @@ def test_a_database_from_a_newer_harel_edge_is_refused_and_left_untouched(settin
     asyncio.run(scenario())
     with sqlite3.connect(settings.db_path) as check:
         assert check.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
-        assert check.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION + 1
+        assert check.execute("PRAGMA user_version").fetchone()[0] == migrations.SCHEMA_VERSION + 1
 
 
 def test_the_local_profile_is_durable_rather_than_merely_persistent(settings) -> None:  # noqa: ANN001
@@ -250,4 +250,4 @@ def test_connect_given_a_path_opens_the_local_file_there_whatever_the_environmen
 
     assert asyncio.run(scenario()) == "local"
     with sqlite3.connect(path) as check:
-        assert check.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION
+        assert check.execute("PRAGMA user_version").fetchone()[0] == migrations.SCHEMA_VERSION

@@ -217,7 +217,7 @@ def test_an_aclose_cancelled_while_it_waits_still_closes_and_a_second_aclose_wai
             Path(release).touch()
             await database.aclose()
             await work
-            return database.executor.closed, database.executor._client.closed
+            return database.executor.closed, database.executor.http.closed
         finally:
             Path(release).touch()
 

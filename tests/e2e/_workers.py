@@ -48,10 +48,10 @@ from harel.engine.transport import Lease  # noqa: E402
 
 from harel_edge import retry  # noqa: E402
 from harel_edge.connection import EdgeConnection  # noqa: E402
-from harel_edge.loop_thread import Statements
 from harel_edge.migration import prepare  # noqa: E402
 from harel_edge.queue import LibsqlTransport  # noqa: E402
 from harel_edge.settings import EdgeSettings, ExplicitSettings  # noqa: E402
+from harel_edge.sync_sql import Statements
 
 LOG_TABLE = "e2e_log"
 # A worker with nothing to claim looks again after this long: an idle poll, not a wait for

@@ -30,9 +30,9 @@ import _workers
 import pytest
 from harel.spec.states import Event
 
-from harel_edge.loop_thread import Statements
 from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
+from harel_edge.sync_sql import Statements
 from harel_edge.testing import SqldServer, spawned
 
 pytestmark = [pytest.mark.sqld, pytest.mark.slow, pytest.mark.timeout(240)]

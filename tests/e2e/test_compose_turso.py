@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from harel.engine.execution import Status
 
-from harel_edge.loop_thread import Statements
 from harel_edge.settings import ExplicitSettings
+from harel_edge.sync_sql import Statements
 from harel_edge.testing import wait_until
 from harel_edge.testing.fixtures import sqld_unavailable
 

@@ -11,9 +11,9 @@ from harel.spec.states import Event
 from harel_edge import retry
 from harel_edge.connection import EdgeConnection
 from harel_edge.errors import AuthError
-from harel_edge.loop_thread import Statements
 from harel_edge.queue import LibsqlTransport
 from harel_edge.settings import ExplicitSettings
+from harel_edge.sync_sql import Statements
 from harel_edge.testing import wait_until
 
 pytestmark = pytest.mark.sqld

@@ -24,10 +24,10 @@ import pytest
 from harel.engine.transport import LibsqlTransport as Harel09LibsqlTransport
 from harel.spec.states import Event
 
-from harel_edge.loop_thread import Statements
+from harel_edge.migrations import SCHEMA_VERSION
 from harel_edge.queue import LibsqlTransport, Message
-from harel_edge.schema import SCHEMA_VERSION
 from harel_edge.settings import ExplicitSettings
+from harel_edge.sync_sql import Statements
 from harel_edge.testing import SqldServer, spawned
 
 pytestmark = [pytest.mark.sqld, pytest.mark.timeout(180)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harel_edge.errors import ConfigurationError
-from harel_edge.executor.remote import http_base_url
+from harel_edge.executor.http import http_base_url
 from harel_edge.settings import ExplicitSettings
 
 

@@ -11,7 +11,7 @@ from harel.engine.transport import LibsqlTransport as HarelLibsqlTransport
 from harel.engine.transport import SqliteTransport as HarelSqliteTransport
 from harel.spec.states import Event
 
-from harel_edge import LibsqlTransport, SchemaError, SchemaTooNewError, schema
+from harel_edge import LibsqlTransport, SchemaError, SchemaTooNewError, migrations
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import spawned
 
@@ -56,7 +56,7 @@ def test_a_file_harel_made_is_upgraded_and_its_messages_stay_claimable(tmp_path,
         # Read through the transport's own connection: two SQLite libraries in one process on one
         # file break each other's locks, and a read through the second can be stale.
         assert [row[1] for row in t.execute("PRAGMA table_info(harel_transport_groups)")].count("routing_key") == 1
-        assert t.execute("PRAGMA user_version") == [(schema.SCHEMA_VERSION,)]
+        assert t.execute("PRAGMA user_version") == [(migrations.SCHEMA_VERSION,)]
         assert drain(t, min_priority=2) == ["g1", "g2"], "the group kept its priority and its order"
         assert drain(t) == ["h1"]
         t.publish("R", Event(kind="routed"), routing_key="eu")
@@ -108,19 +108,19 @@ def test_two_processes_upgrading_one_file_at_the_same_moment_both_start(tmp_path
             w.join(timeout=60)
         assert outcomes == ["ok", "ok"]
         assert columns(path).count("routing_key") == 1
-        assert user_version(path) == schema.SCHEMA_VERSION
+        assert user_version(path) == migrations.SCHEMA_VERSION
 
 
 def test_a_file_from_a_newer_harel_edge_is_refused_and_left_untouched(tmp_path):
     path = str(tmp_path / "newer.db")
     LibsqlTransport(path).close()
     with sqlite3.connect(path) as db:
-        db.execute(f"PRAGMA user_version = {schema.SCHEMA_VERSION + 1}")
+        db.execute(f"PRAGMA user_version = {migrations.SCHEMA_VERSION + 1}")
     with pytest.raises(SchemaTooNewError, match="upgrade harel_edge"):
         LibsqlTransport(path)
     with pytest.raises(SchemaTooNewError):
         LibsqlTransport(path, create_schema=False)
-    assert user_version(path) == schema.SCHEMA_VERSION + 1
+    assert user_version(path) == migrations.SCHEMA_VERSION + 1
 
 
 def test_without_create_schema_an_old_file_is_refused_with_what_to_run(tmp_path):
@@ -144,7 +144,7 @@ def test_migrating_twice_changes_nothing(tmp_path):
 def test_the_migration_sql_builds_a_database_the_transport_accepts_as_is(tmp_path):
     path = str(tmp_path / "tool.db")
     with sqlite3.connect(path) as db:
-        for statement in schema.migration_sql("tool"):
+        for statement in migrations.migration_sql("tool"):
             db.execute(statement)
     t = LibsqlTransport(path, prefix="tool", create_schema=False)
     try:
@@ -157,7 +157,7 @@ def test_the_migration_sql_builds_a_database_the_transport_accepts_as_is(tmp_pat
 def test_the_migration_sql_upgrades_a_harel_file_for_a_migration_tool_with_nothing_run_before_it(tmp_path):
     path = harel_file(tmp_path, "LibsqlTransport")
     with sqlite3.connect(path) as db:
-        for statement in schema.migration_sql():
+        for statement in migrations.migration_sql():
             db.execute(statement)
     t = LibsqlTransport(path, create_schema=False)
     try:
@@ -191,7 +191,7 @@ def version_5_file(tmp_path):
 def test_a_version_5_file_gets_queue_generations_and_an_arrival_that_bumps_them(tmp_path):
     path = version_5_file(tmp_path)
     LibsqlTransport(path).close()
-    assert user_version(path) == schema.SCHEMA_VERSION
+    assert user_version(path) == migrations.SCHEMA_VERSION
     assert "generation" in columns(path, "workflow_queue")
     with sqlite3.connect(path) as db:
         triggers = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
@@ -212,7 +212,7 @@ def test_upgrading_a_version_5_file_twice_at_once_adds_the_column_once(tmp_path)
     assert columns(path, "workflow_queue").count("generation") == 1
     assert columns(path).count("claimable_at") == 1
     assert columns(path, "harel_transport_messages").count("claimed_at") == 1
-    assert user_version(path) == schema.SCHEMA_VERSION
+    assert user_version(path) == migrations.SCHEMA_VERSION
 
 
 def _open_and_close(path):
@@ -275,7 +275,7 @@ def test_a_queue_in_use_is_upgraded_to_claim_times_and_its_groups_in_flight_stay
     before = schema_objects(path)
     LibsqlTransport(path).close()
     assert schema_objects(path) == before, "upgrading again changes nothing"
-    assert user_version(path) == schema.SCHEMA_VERSION
+    assert user_version(path) == migrations.SCHEMA_VERSION
 
 
 def test_harel_and_harel_edge_sharing_a_file_see_each_others_leases(tmp_path):

@@ -1,0 +1,42 @@
+"""`Statements`: SQL from sync code (the commands, tools) on any profile, one statement or one
+transaction at a time, through the profile's executor on the one sync bridge."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harel_edge.executor import Stmt, open_executor
+from harel_edge.loop_thread import SyncFace
+
+
+class _Statements:
+    """An executor as an object with `close`, so a `SyncFace` can own it."""
+
+    def __init__(self, executor: Any) -> None:
+        self.executor = executor
+
+    async def close(self) -> None:
+        await self.executor.aclose()
+
+
+async def _open_statements(settings: Any) -> _Statements:
+    return _Statements(open_executor(settings))
+
+
+class Statements(SyncFace):
+    """The profile's executor for sync code (the CLI's commands, tools): one statement or one
+    transaction at a time, each one unit of work (one Hrana request to a remote primary)."""
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+        self._start("harel-edge-statements", _open_statements(settings))
+
+    def __repr__(self) -> str:  # never the token
+        return f"<Statements profile={self.settings.profile}>"
+
+    def execute(self, sql: str, params: tuple | list = ()) -> list[tuple]:
+        return self._call(self.core.executor.execute(Stmt(sql, tuple(params)))).rows
+
+    def transaction(self, statements: list[tuple[str, tuple]]) -> list[list[tuple]]:
+        units = [Stmt(sql, tuple(params)) for sql, params in statements]
+        return [result.rows for result in self._call(self.core.executor.transaction(units))]
