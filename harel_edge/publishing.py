@@ -22,7 +22,7 @@ from harel_edge.access import check_writable
 from harel_edge.errors import ConfigurationError
 from harel_edge.inspection import raise_missing
 from harel_edge.queue import LibsqlTransport, Message
-from harel_edge.queue.statements import BATCH_ROWS, message_row
+from harel_edge.queue.messages import BATCH_ROWS, message_row
 from harel_edge.settings import EdgeSettings
 from harel_edge.store import EdgeStore
 

@@ -8,24 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import secrets
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from harel.engine.transport import Lease
-from harel.spec.states import Event
 
 from harel_edge import observability
 from harel_edge.executor import StatementError, Stmt
 from harel_edge.queue import statements as sql
 from harel_edge.queue.dead_letters import DeadLetters
 from harel_edge.queue.leases import Clock, EventPath, LeaseKey
+from harel_edge.queue.messages import Publishing
 from harel_edge.queue.runs import Run
 from harel_edge.queue.settling import Settling
-from harel_edge.queue.statements import Message
 
 log = structlog.get_logger("harel_edge.transport")
 
@@ -45,7 +43,7 @@ class _TailClaim:
     limited: bool = False
 
 
-class EventTransport(Settling, DeadLetters):
+class EventTransport(Publishing, Settling, DeadLetters):
     """harel's async transport over an `EventPath`, with `claim_many` behind `claim`.
 
     `prefetch` and `max_deliveries`: docs/executor.md ("The event path") and docs/operations.md.
@@ -103,48 +101,6 @@ class EventTransport(Settling, DeadLetters):
     def clock(self) -> Clock | None:
         """The injected clock, or None for the database's."""
         return self.path.clock
-
-    # ---- publish -------------------------------------------------------------------------------
-
-    async def publish(
-        self,
-        group_id: str,
-        event: Event,
-        priority: int = 0,
-        routing_key: str | None = None,
-        **flow: Any,
-    ) -> None:
-        """Append `event` to `group_id`'s FIFO. The group's first publish fixes its priority,
-        routing key and `limit_key` (the key its limits count under; default: the routing key);
-        later ones keep what the group has. `delay` (seconds, on the primary's clock) or `at` (a
-        unix time) keeps the message unclaimable until then, and `debounce`, `debounce_key` and
-        `max_wait` debounce it: `Message`'s fields (docs/flow-control.md)."""
-        await self.publish_many([Message(group_id, event, priority, routing_key, **flow)])
-
-    async def publish_many(self, messages: Iterable[Message | tuple]) -> int:
-        """All or none, in order, each checked before anything is sent; one unit of work (one
-        statement up to BATCH_ROWS messages). An event id its group had within `publish_window`
-        is not queued again. Returns how many were queued (the rest were there already)."""
-        rows = [sql.message_row(item) for item in messages]
-        if not rows:
-            return 0
-        q = self.path.queue
-        now, window, batch = self.path.now(), self.path.settings.publish_window, secrets.token_hex(8)
-        n = sql.BATCH_ROWS  # read now: tests lower it
-        stmts = [sql.publish_statement(q, rows[i : i + n], now, window, batch) for i in range(0, len(rows), n)]
-        counted = sql.queued_count_statement(q, rows, batch)
-
-        async def attempt() -> int:
-            results = await self.path.executor.transaction([*stmts, counted])
-            return int(results[-1].rows[0][0])
-
-        async def resolve() -> int | None:
-            found = await self.path.execute(sql.published_sql(q), rows[0][0], rows[0][4])
-            if not (found.rows and found.rows[0][0] == batch):
-                return None
-            return int((await self.path.executor.execute(counted)).rows[0][0])
-
-        return await self.path.run("publish", attempt, resolve)
 
     # ---- claim -----------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from harel_edge.loop_thread import SyncFace, blocking_execute
 from harel_edge.queue import statements as sql
 from harel_edge.queue.core import EventTransport
 from harel_edge.queue.leases import Clock, EventPath
-from harel_edge.queue.statements import Message
+from harel_edge.queue.messages import Message
 from harel_edge.settings import EdgeSettings, settings_for_database
 
 GIVE_BACK_SECONDS = 2.0  # how long a closing transport tries to give back the leases it claimed ahead

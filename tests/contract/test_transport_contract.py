@@ -267,7 +267,7 @@ def test_an_event_sent_to_its_group_again_within_the_window_is_queued_once(make_
 
 
 def test_a_batch_publish_keeps_order_across_chunks_and_groups(make_transport, monkeypatch):
-    import harel_edge.queue.statements as transport_module
+    import harel_edge.queue.messages as transport_module
 
     monkeypatch.setattr(transport_module, "BATCH_ROWS", 20)  # 121 messages: 7 statements
     t = make_transport(Clock())
@@ -285,7 +285,7 @@ def test_a_batch_publish_keeps_order_across_chunks_and_groups(make_transport, mo
 
 
 def test_a_batch_larger_than_one_statement_is_published_in_one_transaction(make_transport, monkeypatch):
-    import harel_edge.queue.statements as transport_module
+    import harel_edge.queue.messages as transport_module
 
     monkeypatch.setattr(transport_module, "BATCH_ROWS", 7)  # 50 messages: 8 statements
     t = make_transport(Clock())
