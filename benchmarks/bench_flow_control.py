@@ -34,7 +34,7 @@ from harel.spec.states import Event
 
 from harel_edge import LibsqlTransport, Message, limits, logs
 from harel_edge.access import Statements, primary_settings
-from harel_edge.migration import prepare_database
+from harel_edge.migration import migrate
 from harel_edge.queue.statements import claim_params, claim_sql
 from harel_edge.schema import EdgeNames
 from harel_edge.settings import ExplicitSettings
@@ -59,7 +59,7 @@ def claim_until(settings, barrier, seconds: float, results) -> None:
 
 def measure_rate(settings, rate: int, seconds: float, messages: int) -> dict:
     """Three processes against one rate limit; the achieved rate and the busiest second."""
-    prepare_database(settings)
+    migrate(settings)
     primary = Statements(primary_settings(settings)) if settings.profile != "local" else Statements(settings)
     try:
         limits.set_limit(primary.execute, settings.prefix, "api", rate=rate, period=1.0)
@@ -134,7 +134,7 @@ async def worker_rate(tmp: Path, n: int, orders: int, *, one_limit: bool) -> flo
         profile="local", db_path=str(tmp / f"w{n}.db"), prefix="harel", worker_id=f"w{n}", visibility=30.0
     )
     if one_limit:
-        prepare_database(settings)
+        migrate(settings)
         with contextlib.closing(Statements(settings)) as db:
             limits.set_limit(db.execute, settings.prefix, "no-event-has-this-key", concurrency=1)
     return (await run_edge(settings, settings, orders, 300.0))["events_per_s"]

@@ -45,7 +45,7 @@ from harel.spec.states import Event
 
 from harel_edge import logs
 from harel_edge.executor import Stmt, open_executor
-from harel_edge.migration import prepare_database
+from harel_edge.migration import migrate
 from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
@@ -86,7 +86,7 @@ class Seeded:
     (`run_worker`) on `settings` started on them; `depth` and `counts` read through `direct`."""
 
     def __init__(self, settings: ExplicitSettings, direct: ExplicitSettings, groups: int, events: int, definitions: Path) -> None:
-        prepare_database(direct)
+        migrate(direct)
         with EdgeStore(direct, create_schema=False) as store, LibsqlTransport(settings=direct, create_schema=False) as transport:
             for g in range(groups):
                 store.save(Execution(id=f"c-{g:04d}", definition_id="counter", context={"n": 0}))

@@ -94,11 +94,11 @@ def edge_settings(directory: Path, **overrides: object):  # noqa: ANN201
 
 async def edge_workflows(directory: Path, n: int, passes: int) -> dict:
     from harel_edge.durable import LibsqlScheduler, connect, migrate  # noqa: PLC0415
-    from harel_edge.migration import prepare_database  # noqa: PLC0415
+    from harel_edge.migration import migrate as migrate_schema  # noqa: PLC0415
     from harel_edge.worker import WorkerOptions, parse_workflow, run_worker  # noqa: PLC0415
 
     settings = edge_settings(directory, max_workflow_passes=passes)
-    prepare_database(settings)
+    migrate_schema(settings)
     database = connect(settings)
     try:
         await migrate(database)

@@ -34,7 +34,7 @@ from harel.spec.states import Event
 
 from harel_edge import logs
 from harel_edge.executor import Stmt, open_executor
-from harel_edge.migration import prepare_database
+from harel_edge.migration import migrate
 from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
@@ -53,7 +53,7 @@ def messages(orders: int) -> list[Message]:
 
 
 def seed_edge(settings, orders: int) -> None:
-    prepare_database(settings)
+    migrate(settings)
     with EdgeStore(settings, create_schema=False) as store, LibsqlTransport(settings=settings, create_schema=False) as t:
         for i in range(orders):
             store.save(Execution(id=f"order-{i:04d}", definition_id="order", priority=i % 4))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harel_edge import migrations, schema
+from harel_edge import migrations
 from harel_edge.errors import (
     AuthError,
     DamagedDatabaseError,
@@ -54,9 +54,16 @@ def database_facts(execute: Execute) -> DatabaseFacts:
 
     `pragma_user_version`, because sqld takes every PRAGMA statement for a write (docs/operations.md).
     """
-    version = schema.read_version(execute)
-    tables = [row[0] for row in execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
-    return DatabaseFacts(True, version, tables)
+    return facts_of(execute(VERSION_SQL), execute(TABLES_SQL))
+
+
+VERSION_SQL = "SELECT user_version FROM pragma_user_version"
+TABLES_SQL = "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+
+
+def facts_of(version_rows: list[tuple], table_rows: list[tuple]) -> DatabaseFacts:
+    """The facts from the answers to VERSION_SQL and TABLES_SQL, however they were read."""
+    return DatabaseFacts(True, int(version_rows[0][0]), [row[0] for row in table_rows])
 
 
 def check_usable(facts: DatabaseFacts, prefix: str, where: str, *, adopt: bool = False) -> None:

@@ -241,7 +241,12 @@ async def upgrade_async(executor: Any, prefix: str = DEFAULT_PREFIX) -> Outcome:
 def missing(execute: schema.Execute, prefix: str = DEFAULT_PREFIX) -> tuple[int, ...]:
     """The versions the database or `prefix` lacks, read only: for callers that must not migrate
     (`create_schema=False`); a newer database raises `SchemaTooNewError`."""
-    found, at = _state(execute(state_sql(prefix)))
+    return lacking(execute(state_sql(prefix)))
+
+
+def lacking(state_rows: list[tuple]) -> tuple[int, ...]:
+    """`missing`, from the answer to `state_sql`."""
+    found, at = _state(state_rows)
     return tuple(v.number for v in VERSIONS if v.number > min(found, at))
 
 

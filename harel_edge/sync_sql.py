@@ -3,10 +3,13 @@ transaction at a time, through the profile's executor on the one sync bridge."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
-from harel_edge.executor import Stmt, open_executor
+from harel_edge.executor import Executor, Stmt, open_executor
 from harel_edge.loop_thread import SyncFace
+
+T = TypeVar("T")
 
 
 class _Statements:
@@ -36,6 +39,10 @@ class Statements(SyncFace):
 
     def execute(self, sql: str, params: tuple | list = ()) -> list[tuple]:
         return self._call(self.core.executor.execute(Stmt(sql, tuple(params)))).rows
+
+    def run(self, work: Callable[[Executor], Awaitable[T]]) -> T:
+        """`work(executor)`, a coroutine of the caller's on this face's executor (the schema step)."""
+        return self._call(work(self.core.executor))
 
     def transaction(self, statements: list[tuple[str, tuple]]) -> list[list[tuple]]:
         units = [Stmt(sql, tuple(params)) for sql, params in statements]

@@ -28,9 +28,9 @@ from harel_edge.durable.types import Delivery
 from harel_edge.errors import ConfigurationError
 from harel_edge.heartbeats import Vitals
 from harel_edge.inspection import check_usable, inspect_file
-from harel_edge.migration import prepare
 from harel_edge.queue import EventPath, EventTransport
 from harel_edge.sampler import sample_metrics, send_heartbeat
+from harel_edge.schema_step import prepare
 from harel_edge.settings import EdgeSettings
 from harel_edge.store import EventStore
 from harel_edge.worker_loops import EdgeAsyncWorker, restarting, wait_ended
@@ -217,7 +217,7 @@ async def run_worker(
     database = await asyncio.to_thread(connect_database, settings)
     replica: EdgeConnection | None = None
     try:
-        await database.run(lambda c: prepare(c, migrate=options.migrate, adopt=options.adopt))
+        await prepare(database.executor, settings, migrate=options.migrate, adopt=options.adopt)
         if settings.profile == "replica":
             # The embedded file serves this machine's local reads (status). libsql syncs it in the
             # background: its own `sync()` holds the GIL, which would stall this loop for its length.

@@ -11,12 +11,13 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from harel_edge import migrations, retry
+from harel_edge import retry
 from harel_edge.connection import EdgeConnection
 from harel_edge.connection import connect as open_connection
 from harel_edge.durable.types import DatabaseClosedError
 from harel_edge.executor import Executor, ExecutorClosedError, Result, Stmt, open_executor
 from harel_edge.executor.local import file_turn
+from harel_edge.schema_step import prepare
 from harel_edge.settings import EdgeSettings, ExplicitSettings
 
 T = TypeVar("T")
@@ -295,7 +296,6 @@ async def migrate(database: Database) -> int:
     if database.closed:
         raise DatabaseClosedError(_CLOSED)
 
-    async def attempt() -> int:
-        return (await database._unit(migrations.upgrade_async(database.executor, database.settings.prefix))).found
-
-    return await retry.acall_with_retry(database.settings, "durable.migrate", attempt)
+    # A library face opens the database it is pointed at (`adopt`), as the transport does.
+    done = await database._unit(prepare(database.executor, database.settings, adopt=True))
+    return done.found

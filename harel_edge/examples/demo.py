@@ -18,7 +18,7 @@ from rich.table import Table
 from harel_edge.connection import EdgeConnection
 from harel_edge.durable import Database, LibsqlCheckpointer, LibsqlDurable, LibsqlScheduler
 from harel_edge.examples.workflow import LEDGER_DDL
-from harel_edge.migration import prepare_database as prepare_schema
+from harel_edge.migration import migrate
 from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import EdgeSettings, ExplicitSettings
 from harel_edge.store import EdgeStore
@@ -38,7 +38,7 @@ def demo_settings(path: Path) -> EdgeSettings:
 
 def prepare_database(settings: EdgeSettings) -> None:
     """The schema, and the table the sample workflow's charges go to."""
-    prepare_schema(settings)
+    migrate(settings)
     with EdgeStore(settings, create_schema=False) as store:
         store.execute(LEDGER_DDL)
 

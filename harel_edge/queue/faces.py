@@ -13,13 +13,12 @@ from harel.engine.schema import DEFAULT_PREFIX
 from harel.engine.transport import Lease
 from harel.spec.states import Event
 
-from harel_edge import migrations
 from harel_edge.executor import open_executor
-from harel_edge.loop_thread import SyncFace, blocking_execute
-from harel_edge.queue import statements as sql
+from harel_edge.loop_thread import SyncFace
 from harel_edge.queue.core import EventTransport
 from harel_edge.queue.leases import Clock, EventPath
 from harel_edge.queue.messages import Message
+from harel_edge.schema_step import prepare
 from harel_edge.settings import EdgeSettings, settings_for_database
 
 GIVE_BACK_SECONDS = 2.0  # how long a closing transport tries to give back the leases it claimed ahead
@@ -61,20 +60,13 @@ class AsyncLibsqlTransport(EventTransport):
         settings = settings or EdgeSettings.load()
         self = cls(EventPath(open_executor(settings), settings, clock=clock), max_deliveries=max_deliveries)
         try:
-            await self.path.run("migrate", lambda: self._prepare(create_schema))
+            # A library face opens the database it is pointed at (`adopt`): the worker and
+            # `harel-edge migrate` are where another application's tables are refused.
+            await prepare(self.path.executor, settings, migrate=create_schema, adopt=True)
         except BaseException:
             await self.path.executor.aclose()
             raise
         return self
-
-    async def _prepare(self, create_schema: bool) -> None:
-        """Apply the versions the database lacks (each one unit of work), or check it is current.
-        The check is sync code: on a thread whose statements go through the executor."""
-        if create_schema:
-            await migrations.upgrade_async(self.path.executor, self.settings.prefix)
-            return
-        execute = blocking_execute(self.path.executor, asyncio.get_running_loop())
-        await asyncio.to_thread(sql.check_schema, execute, self.settings.prefix)
 
     def __repr__(self) -> str:  # never the token
         return f"<AsyncLibsqlTransport prefix={self.settings.prefix} profile={self.settings.profile} {self.path.executor!r}>"

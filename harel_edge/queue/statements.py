@@ -13,8 +13,6 @@ from harel.engine.transport import Lease
 from harel.spec.states import Event
 from pydantic_core import from_json
 
-from harel_edge import migrations, schema
-from harel_edge.errors import SchemaError
 from harel_edge.executor import Stmt
 from harel_edge.ids import refuse_nul
 from harel_edge.queue.messages import MAX_PRIORITY
@@ -274,16 +272,6 @@ def buried_sql(n: EdgeNames) -> str:
 
 def depth_sql(n: EdgeNames) -> str:
     return f"SELECT count(*) FROM {n.messages}"
-
-
-def check_schema(execute: schema.Execute, prefix: str) -> None:
-    """Refuse a database whose schema is newer than this code, or lacks a version (read only)."""
-    lacking = migrations.missing(execute, prefix)
-    if lacking:
-        raise SchemaError(
-            f"the tables under prefix {prefix!r} lack schema version(s) {', '.join(map(str, lacking))}, and "
-            "create_schema=False: run `harel-edge migrate` (or `harel-edge migrate --print-sql` for your migration tool)"
-        )
 
 
 def lease_from_row(row: tuple, token: str) -> Lease:

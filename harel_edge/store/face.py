@@ -6,25 +6,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from harel.engine.execution import Execution
-from harel.engine.schema import Names, store_schema
 
-from harel_edge.errors import SchemaError
 from harel_edge.executor import open_executor
 from harel_edge.loop_thread import SyncFace
 from harel_edge.queue.leases import EventPath
+from harel_edge.schema_step import prepare
 from harel_edge.settings import EdgeSettings
 from harel_edge.store.core import EventStore
 
 if TYPE_CHECKING:
     from harel_edge.queue.faces import LibsqlTransport
-
-_TABLE_EXISTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
-
-
-def store_tables(prefix: str) -> list[str]:
-    """harel's execution-store tables under `prefix`, as harel creates them for SQLite."""
-    return list(store_schema("sqlite", prefix))
-
 
 class _OwnedStore(EventStore):
     """An `EventStore` that owns its executor, so closing the face closes it."""
@@ -36,15 +27,9 @@ class _OwnedStore(EventStore):
 async def _open(settings: EdgeSettings, create_schema: bool) -> _OwnedStore:
     store = _OwnedStore(EventPath(open_executor(settings), settings))
     try:
-        if create_schema:
-            await store.path.run("store.schema", lambda: _create_tables(store, settings.prefix))
-        else:
-            rows = (await store.path.execute(_TABLE_EXISTS, Names(settings.prefix).executions)).rows
-            if not rows:
-                raise SchemaError(
-                    f"{Names(settings.prefix).executions} does not exist and create_schema=False: run "
-                    "`harel-edge migrate` (or apply `harel-edge migrate --print-sql` with your migration tool)"
-                )
+        # harel's tables are version 4 of the numbered versions; a library face opens the
+        # database it is pointed at (`adopt`), as the transport does.
+        await prepare(store.path.executor, settings, migrate=create_schema, adopt=True)
     except BaseException:
         await store.close()
         raise
@@ -54,13 +39,8 @@ async def _open(settings: EdgeSettings, create_schema: bool) -> _OwnedStore:
 async def _beside(path: EventPath, create_schema: bool) -> EventStore:
     store = EventStore(path)  # its close leaves the executor to the transport that owns it
     if create_schema:
-        await path.run("store.schema", lambda: _create_tables(store, path.settings.prefix))
+        await prepare(path.executor, path.settings, adopt=True)
     return store
-
-
-async def _create_tables(store: EventStore, prefix: str) -> None:
-    for statement in store_tables(prefix):
-        await store.path.execute(statement)
 
 
 class EdgeStore(SyncFace):

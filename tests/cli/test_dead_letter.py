@@ -11,11 +11,10 @@ import pytest
 from cli_helpers import env_for, run
 from harel.spec.states import Event
 
-from harel_edge.connection import EdgeConnection
 from harel_edge.durable import LibsqlCheckpointer, LibsqlDurable, LibsqlScheduler, connect, migrate
 from harel_edge.durable.runtime import DurableWorker
 from harel_edge.executor import open_executor
-from harel_edge.migration import prepare
+from harel_edge.migration import migrate as migrate_schema
 from harel_edge.queue import EventPath, EventTransport
 from harel_edge.settings import ExplicitSettings
 
@@ -23,11 +22,7 @@ from harel_edge.settings import ExplicitSettings
 def poisoned(path) -> None:  # noqa: ANN001
     """One message (group order-7) and one workflow (refunds/wf-1) that failed until dead-lettered."""
     settings = ExplicitSettings.load(profile="local", db_path=str(path), max_deliveries=2)
-    connection = EdgeConnection(settings)
-    try:
-        prepare(connection, migrate=True)
-    finally:
-        connection.close()
+    migrate_schema(settings)
 
     async def main() -> None:
         now = [1000.0]

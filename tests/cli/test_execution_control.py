@@ -18,7 +18,7 @@ from harel_edge import LibsqlTransport
 from harel_edge.errors import ConfigurationError
 from harel_edge.execution_control import control_execution
 from harel_edge.executions import list_executions, show_execution
-from harel_edge.migration import prepare_database
+from harel_edge.migration import migrate
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
 from harel_edge.worker import WorkerOptions, run_worker
@@ -55,7 +55,7 @@ def detail(settings, execution_id: str):
 def settings(tmp_path):
     """A local database with order-1 started and waiting for its payment."""
     values = ExplicitSettings.load(profile="local", db_path=str(tmp_path / "q.db"))
-    prepare_database(values)
+    migrate(values)
     with EdgeStore(values, create_schema=False) as store, LibsqlTransport(settings=values, create_schema=False) as t:
         store.save(Execution(id="order-1", definition_id="order"))
         t.publish("order-1", Event(kind="Start"))
@@ -158,7 +158,7 @@ def running(request, tmp_path) -> dict[str, str]:
         server = request.getfixturevalue("fresh_sqld_primary")
         values = {"profile": "sqld", "url": server.http_url, "auth_token": server.rw_token}
     settings = ExplicitSettings.load(**values)
-    prepare_database(settings)
+    migrate(settings)
     with EdgeStore(settings, create_schema=False) as store:
         store.save(Execution(id="order-1", definition_id="order", status=Status.RUNNING, active_path="AwaitingPayment"))
     return values

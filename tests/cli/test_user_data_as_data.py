@@ -13,7 +13,7 @@ from harel.spec.states import Event
 
 from harel_edge import LibsqlTransport
 from harel_edge.cli.app import shown
-from harel_edge.migration import prepare_database
+from harel_edge.migration import migrate
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
 
@@ -32,7 +32,7 @@ def printed_as_data(text: str) -> None:
 def env(tmp_path: Path) -> dict[str, str]:
     """A local database holding a running execution whose id, error and queued event's kind are hostile."""
     settings = ExplicitSettings.load(profile="local", db_path=str(tmp_path / "q.db"))
-    prepare_database(settings)
+    migrate(settings)
     with EdgeStore(settings, create_schema=False) as store, LibsqlTransport(settings=settings, create_schema=False) as t:
         store.save(
             Execution(id=HOSTILE, definition_id="order", status=Status.RUNNING, active_path="AwaitingPayment", error=HOSTILE)

@@ -10,7 +10,7 @@ from harel.spec.states import Event
 
 from harel_edge import dead_letter
 from harel_edge.executor import open_executor
-from harel_edge.migration import prepare_database
+from harel_edge.migration import migrate
 from harel_edge.queue import EventPath, EventTransport
 from harel_edge.store import EventStore
 from harel_edge.sync_sql import Statements
@@ -22,7 +22,7 @@ RECHECK = 5.0  # harel's suspend_recheck: how long a failed message stays parked
 
 @contextlib.asynccontextmanager
 async def event_path(settings, clock, max_deliveries=LIMIT):
-    prepare_database(settings)
+    migrate(settings)
     executor = open_executor(settings)
     path = EventPath(executor, settings, clock=clock)
     try:

@@ -17,14 +17,14 @@ from harel.testing import (
 )
 
 from harel_edge.executor import open_executor
-from harel_edge.migration import prepare_database
+from harel_edge.migration import migrate
 from harel_edge.queue import EventPath, EventTransport
 from harel_edge.store import EventStore
 
 
 @contextlib.asynccontextmanager
 async def event_path(settings, clock=None, concurrency=32):
-    prepare_database(settings)
+    migrate(settings)
     executor = open_executor(settings)
     path = EventPath(executor, settings, clock=clock)
     try:
@@ -214,7 +214,7 @@ def test_the_workers_commit_carries_the_next_claim_and_a_groups_queued_events_sh
     from harel_edge.worker import load_definitions, statechart_worker  # noqa: PLC0415
 
     settings = edge.settings(max_run=max_run)
-    prepare_database(settings)
+    migrate(settings)
     definitions = load_definitions(str(Path(actions.__file__).parent))
 
     async def main():

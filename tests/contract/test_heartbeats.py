@@ -12,7 +12,7 @@ from harel.spec.states import Event
 import harel_edge.examples.actions as actions
 from harel_edge.cli.status import SettledRate
 from harel_edge.heartbeats import WorkerSeen
-from harel_edge.migration import prepare_database
+from harel_edge.migration import migrate
 from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.status import StatusReport, collect_status
 from harel_edge.store import EdgeStore
@@ -36,7 +36,7 @@ def mine(report: StatusReport, worker_id: str) -> WorkerSeen | None:
 
 def test_a_worker_is_seen_running_with_what_it_settled_then_stopped(edge):
     settings = edge.settings()
-    prepare_database(settings)
+    migrate(settings)
     assert collect_status(settings).workers == [], "no worker has started yet"
     seed(settings)
 

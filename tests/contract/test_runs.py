@@ -13,7 +13,7 @@ from harel.spec.states import Event
 
 from harel_edge.executor import open_executor
 from harel_edge.limits import set_key_limit
-from harel_edge.migration import prepare_database
+from harel_edge.migration import migrate
 from harel_edge.queue import EventPath, EventTransport
 from harel_edge.store import EventStore
 from harel_edge.testing.machines import COUNTER
@@ -28,7 +28,7 @@ MAX_RUN = 16
 @contextlib.asynccontextmanager
 async def hot_worker(settings, tmp_path: Path, now: list[float]):
     """A worker as `harel-edge worker` builds it, on the counter machine, with the queue's clock `now`."""
-    prepare_database(settings)
+    migrate(settings)
     directory = tmp_path / "definitions"
     directory.mkdir(exist_ok=True)
     (directory / "counter.stm").write_text(COUNTER)

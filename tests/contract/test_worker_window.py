@@ -11,7 +11,7 @@ from harel.spec.states import Event
 
 import harel_edge.examples.actions as actions
 from harel_edge.executor import Stmt, open_executor
-from harel_edge.migration import prepare_database
+from harel_edge.migration import migrate
 from harel_edge.queue import EventPath, EventTransport, Message
 from harel_edge.store import EventStore
 from harel_edge.worker import WorkerOptions, run_worker
@@ -37,7 +37,7 @@ async def seed(settings) -> None:
 
 def test_a_worker_whose_window_moves_hands_out_every_lease_its_commits_claimed(edge):
     settings = edge.settings(max_in_flight=64)
-    prepare_database(settings)
+    migrate(settings)
     asyncio.run(seed(settings))
 
     async def main():

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from harel_edge.durable import LibsqlScheduler, connect, migrate
-from harel_edge.migration import prepare_database
+from harel_edge.migration import migrate as migrate_schema
 from harel_edge.settings import ExplicitSettings
 from harel_edge.worker import WorkerOptions, parse_workflow, run_worker
 
@@ -50,7 +50,7 @@ async def gated(ctx):  # noqa: ANN001, ANN201 - the worker loads it as test_work
 def drain(tmp_path, workflows: int, passes: int) -> list[tuple]:
     """Start `workflows` workflows, run a worker allowing `passes` at once until all have ended."""
     settings = ExplicitSettings.load(profile="local", db_path=str(tmp_path / "w.db"), max_workflow_passes=passes)
-    prepare_database(settings)
+    migrate_schema(settings)
 
     async def main() -> list[tuple]:
         GATE.__init__()

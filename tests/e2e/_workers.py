@@ -48,7 +48,7 @@ from harel.engine.transport import Lease  # noqa: E402
 
 from harel_edge import retry  # noqa: E402
 from harel_edge.connection import EdgeConnection  # noqa: E402
-from harel_edge.migration import prepare  # noqa: E402
+from harel_edge.migration import migrate  # noqa: E402
 from harel_edge.queue import LibsqlTransport  # noqa: E402
 from harel_edge.settings import EdgeSettings, ExplicitSettings  # noqa: E402
 from harel_edge.sync_sql import Statements
@@ -284,60 +284,28 @@ def drain_process(config: dict[str, Any], spec: dict[str, Any], barrier: Any, re
         results.put({"worker": worker, "error": traceback.format_exc()})
 
 
-class RecordingConnection(EdgeConnection):
-    """An EdgeConnection that notes how each schema statement ended, to show the upgrade race.
-
-    Every statement still runs against the real primary; the record says which worker added
-    the column and whether the other lost the race to it. With a `gate` (a barrier shared by
-    the workers), a worker that has just read the groups table's columns waits there until its
-    peers have read theirs too: every worker then decides whether to add the column before
-    any of them has added it, the worst interleaving of a simultaneous start, made certain
-    instead of left to the scheduler.
-    """
-
-    def __init__(self, settings: EdgeSettings, gate: Any = None) -> None:
-        self.statements: list[tuple[str, str]] = []
-        self._gate = gate
-        super().__init__(settings)
-
-    def execute(self, sql: str, params: tuple | list = ()) -> list[tuple]:
-        try:
-            rows = super().execute(sql, params)
-        except Exception as exc:
-            if sql.lstrip().upper().startswith(("ALTER", "CREATE", "PRAGMA")):
-                self.statements.append((sql[:60], f"error: {str(exc)[:200]}"))
-            raise
-        if sql.lstrip().upper().startswith(("ALTER", "CREATE", "PRAGMA USER_VERSION =")):
-            self.statements.append((sql[:60], "ok"))
-        if self._gate is not None and "TABLE_INFO" in sql.upper():
-            gate, self._gate = self._gate, None
-            gate.wait(timeout=60)
-        return rows
-
-
 def upgrading_process(
     config: dict[str, Any],
     spec: dict[str, Any],
     barrier: Any,
-    gate: Any,
     routed_published: Any,
     results: Any,
 ) -> None:
     """A worker process of test_routing_migration: open the replica, then start harel_edge's
     transport on the old database at the same moment as its peer (the barrier), drain the old
     messages, then, once routed messages are published, drain those of its routing key (with
-    `spec["path"] == "event"`, through the event path). `gate` forces the upgrade race."""
+    `spec["path"] == "event"`, through the event path)."""
     worker = spec["worker"]
     try:
         settings = _settings(config)
-        connection = RecordingConnection(settings, gate)
+        replica = EdgeConnection(settings)
         log = PrimaryLog(settings, worker, spec["visibility"])
         barrier.wait(timeout=120)
         started = time.time()
-        prepare(connection, migrate=True)  # the schema step, recorded
+        migrate(settings)  # the schema step, as `harel-edge migrate` runs it
         transport = LibsqlTransport(settings=settings, create_schema=False)
         results.put(
-            {"worker": worker, "phase": "started", "statements": connection.statements, "at": started}
+            {"worker": worker, "phase": "started", "at": started}
         )
         old = drain(transport, log, worker=worker, visibility=spec["visibility"])
         results.put({"worker": worker, "phase": "old", **old})
@@ -348,10 +316,9 @@ def upgrading_process(
         results.put({"worker": worker, "phase": "routed", **routed})
         log.close()
         transport.close()
+        replica.close()
     except BaseException:  # noqa: BLE001 - reported to the test, which fails on it
         barrier.abort()
-        if gate is not None:
-            gate.abort()
         results.put({"worker": worker, "phase": "error", "error": traceback.format_exc()})
 
 

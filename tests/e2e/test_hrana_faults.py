@@ -33,7 +33,7 @@ from harel_edge.errors import AuthError
 from harel_edge.executor import Stmt, remote
 from harel_edge.executor.hrana import UNIT_SAVEPOINT
 from harel_edge.executor.remote import HranaExecutor
-from harel_edge.migration import prepare_database
+from harel_edge.migration import migrate as migrate_schema
 from harel_edge.queue import AsyncLibsqlTransport, EventPath, EventTransport, LibsqlTransport
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore, EventStore
@@ -250,7 +250,7 @@ def test_a_commit_the_primary_refused_for_its_write_lock_is_retried_not_taken_fo
 @pytest.mark.parametrize("fault", ["500 after", "truncated after"])
 def test_the_cli_publish_whose_answer_was_lost_exits_0_and_queues_once(sqld_primary, relay, tmp_path, fault, profile):
     settings = _settings(sqld_primary, relay.url, profile=profile, tmp_path=tmp_path)
-    prepare_database(_direct(sqld_primary, settings))
+    migrate_schema(_direct(sqld_primary, settings))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HAREL_", "RUST_LOG"))}
     env.update(
         HAREL_EDGE_PROFILE=profile,
@@ -278,7 +278,7 @@ def test_the_cli_publish_whose_answer_was_lost_exits_0_and_queues_once(sqld_prim
 def test_a_refused_token_fails_at_once_with_what_to_do_and_without_the_token(sqld_primary):
     async def main():
         good = _settings(sqld_primary)
-        prepare_database(good)
+        migrate_schema(good)
         bad = _settings(sqld_primary, auth_token="not-a-valid-token", prefix=good.prefix)
         executor = HranaExecutor(bad)
         path = EventPath(executor, bad)
@@ -301,7 +301,7 @@ def test_a_refused_token_fails_at_once_with_what_to_do_and_without_the_token(sql
 def test_a_token_with_a_trailing_newline_is_used_without_it(sqld_primary):
     async def main():
         settings = _settings(sqld_primary)
-        prepare_database(settings)
+        migrate_schema(settings)
         newline = _settings(sqld_primary, auth_token=sqld_primary.rw_token + "\n", prefix=settings.prefix)
         executor = HranaExecutor(newline)
         try:

@@ -111,7 +111,6 @@ def test_two_replica_workers_upgrade_a_harel_09_queue_on_the_primary_at_once_and
                 },
                 {**spec, "visibility": VISIBILITY, "path": path},
                 barrier,
-                None,  # no gate: the schema step reads no columns to race on
                 routed_published,
                 results,
             ),

@@ -10,7 +10,7 @@ from harel.spec.states import Event
 from harel_edge.connection import EdgeConnection
 from harel_edge.executor import Stmt
 from harel_edge.executor.local import LocalExecutor
-from harel_edge.migration import prepare_database
+from harel_edge.migration import migrate
 from harel_edge.queue import EventPath, EventTransport, LibsqlTransport
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EventStore
@@ -106,7 +106,7 @@ def test_skip_fsync_restores_full_durability_when_the_statement_fails(tmp_path):
 
 def test_the_event_path_sends_only_its_claims_as_volatile(tmp_path):
     settings = local(tmp_path)
-    prepare_database(settings)
+    migrate(settings)
     LibsqlTransport(settings=settings).publish("g", Event(kind="go"))
 
     async def main():
@@ -154,7 +154,7 @@ def test_a_database_not_in_wal_mode_never_skips_its_fsync(tmp_path):
 
 def test_ack_many_answers_a_stale_lease_and_a_repeated_one_false(tmp_path):
     settings = local(tmp_path)
-    prepare_database(settings)
+    migrate(settings)
     publisher = LibsqlTransport(settings=settings)
     publisher.publish("a", Event(kind="one"))
     publisher.publish("b", Event(kind="two"))
@@ -175,7 +175,7 @@ def test_ack_many_answers_a_stale_lease_and_a_repeated_one_false(tmp_path):
 def test_ack_many_of_more_leases_than_one_statement_holds_acks_every_one(tmp_path, monkeypatch):
     monkeypatch.setattr("harel_edge.queue.statements.ACK_ROWS", 3)
     settings = local(tmp_path)
-    prepare_database(settings)
+    migrate(settings)
     LibsqlTransport(settings=settings).publish_many([(f"g{i}", Event(kind="go")) for i in range(7)])
 
     async def main():

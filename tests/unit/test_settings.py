@@ -232,14 +232,14 @@ def test_settings_given_in_code_warn_about_no_variable(monkeypatch, warnings_log
 
 @pytest.mark.parametrize("prefix", ["sqlite", "sqlite_x", "SQLITE_x", "Sqlite_", "sqlitex", "x_sqlite", "_sqlite", "_", "a" * 30])
 def test_a_prefix_the_settings_accept_is_one_the_database_accepts(tmp_path, prefix):
-    from harel_edge.migration import prepare_database
+    from harel_edge.migration import migrate
 
     try:
         settings = ExplicitSettings.load(profile="local", db_path=str(tmp_path / "q.db"), prefix=prefix)
     except ConfigurationError as exc:
         assert "HAREL_EDGE_PREFIX" in str(exc)
         return
-    prepare_database(settings)  # creates every table under the prefix, on a real file
+    migrate(settings)  # creates every table under the prefix, on a real file
 
 
 def test_the_docs_state_the_publish_windows_default_as_the_settings_have_it():

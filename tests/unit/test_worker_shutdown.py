@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 from harel_edge.executor.local import LocalExecutor
-from harel_edge.migration import prepare_database
+from harel_edge.migration import migrate
 from harel_edge.publishing import publish, publish_request
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
@@ -21,7 +21,7 @@ ORDERS = [f"order-{i}" for i in range(12)]
 
 def test_a_stop_that_cancels_handlers_mid_commit_counts_what_they_committed_and_gives_back_the_rest(tmp_path, monkeypatch):
     settings = ExplicitSettings.load(profile="local", db_path=str(tmp_path / "q.db"), retry_deadline=5.0, max_in_flight=8)
-    prepare_database(settings)  # publish refuses a database that does not exist yet
+    migrate(settings)  # publish refuses a database that does not exist yet
     for order in ORDERS:
         publish(settings, publish_request(order, "Start", "{}", create="order", definitions=EXAMPLES))
     held, cancelled = threading.Event(), threading.Event()
