@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harel_edge import schema, schema_flow, schema_harel
+from harel_edge import schema, schema_control, schema_flow, schema_harel
 from harel_edge.errors import SchemaError, SchemaTooNewError
 from harel_edge.executor import Stmt
 from harel_edge.schema import DEFAULT_PREFIX
@@ -73,6 +73,13 @@ VERSIONS: tuple[Version, ...] = (
         _none,
         schema.workers_v9,
         lambda prefix: [schema.EdgeNames(prefix).workers],
+    ),
+    Version(
+        10,
+        "durable workflows' own rows: cancel, resume and fork",
+        schema_control.workflow_info_v10,
+        schema_control.workflow_control_v10,
+        lambda prefix: [schema_control.ControlNames(prefix).fork],
     ),
 )
 

@@ -23,6 +23,7 @@ from harel_edge.cli.limits import limits_app, limits_clear, limits_list, limits_
 from harel_edge.cli.publish import publish
 from harel_edge.cli.reference import command_paths, help_text, reference, reference_markdown
 from harel_edge.cli.status import status
+from harel_edge.cli.workflow_control import workflows_cancel, workflows_fork, workflows_resume
 
 # Registered here, in the order `--help` lists them: the README's first command first.
 for _command in (demo, worker, publish, status, dashboard, migrate, doctor):
@@ -45,8 +46,14 @@ for _name, _command in (
     ("retry", executions_retry),
 ):
     executions_app.command(_name)(_command)
-workflows_app.command("list")(workflows_list)
-workflows_app.command("show")(workflows_show)
+for _name, _command in (
+    ("list", workflows_list),
+    ("show", workflows_show),
+    ("cancel", workflows_cancel),
+    ("resume", workflows_resume),
+    ("fork", workflows_fork),
+):
+    workflows_app.command(_name)(_command)
 app.add_typer(limits_app, name="limits")
 for _name, _command in (("set", limits_set), ("list", limits_list), ("clear", limits_clear)):
     limits_app.command(_name)(_command)

@@ -63,7 +63,7 @@ executions_app = command_group(
 )
 app.add_typer(executions_app, name="executions")
 workflows_app = command_group(
-    "The durable workflows: list them, show one (state, recorded steps, failed passes, last error)."
+    "The durable workflows: list them, show one (state, recorded steps, last error), cancel, resume, fork."
 )
 app.add_typer(workflows_app, name="workflows")
 

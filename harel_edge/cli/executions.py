@@ -15,7 +15,7 @@ from harel_edge.cli.app import EXIT_PROBLEM, fail, handled, out, plural, shown
 # harel_edge.executions.STATUSES (harel's Status) and harel_edge.workflows.STATES, not imported for
 # `--help` (they pull in harel and libsql); a test checks that they agree.
 STATUSES = ("pending", "running", "done", "cancelled", "suspended", "cancelling", "failed")
-WORKFLOW_STATE_NAMES = ("ready", "sleeping", "running", "finished", "dead")
+WORKFLOW_STATE_NAMES = ("ready", "sleeping", "running", "waiting", "finished", "dead", "cancelled")
 STATES = f"<{'|'.join(STATUSES)}>"
 
 
@@ -139,22 +139,30 @@ def workflows_list(
     ctx: typer.Context,
     state: str | None = typer.Option(None, "--state", metavar=WORKFLOW_STATES, help="Only workflows in this state."),
     namespace: str | None = typer.Option(None, "--namespace", metavar="NS", help="Only workflows of this namespace."),
-    limit: int = typer.Option(100, "--limit", min=1, help="At most this many, the most recently recorded first."),
+    since: str | None = typer.Option(
+        None, "--since", metavar="WHEN", help="Only workflows changed at WHEN or later: 2026-12-07T08:00Z, or 15m, 2h, 3d ago."
+    ),
+    until: str | None = typer.Option(None, "--until", metavar="WHEN", help="Only workflows last changed before WHEN."),
+    limit: int = typer.Option(100, "--limit", min=1, help="At most this many, the most recently changed first."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
 ) -> None:
-    """List the durable workflows: state, recorded steps, failed passes, last error. Reads only."""
+    """List the durable workflows: state, recorded steps, failed passes, last error, last change. Reads only."""
     settings = ctx.obj.settings()
     from harel_edge import workflows  # noqa: PLC0415
 
-    found = workflows.list_workflows(settings, state=state, namespace=namespace, limit=limit)
-    columns = ("workflow", "namespace", "state", "steps", "failed passes", "wakes", "last error")
-    table = _listing("workflows", found, state, as_json, "the most recently recorded first", columns, ("steps", "failed passes"))
+    after = None if since is None else workflows.parse_time(since, "--since")
+    before = None if until is None else workflows.parse_time(until, "--until")
+    found = workflows.list_workflows(settings, state=state, namespace=namespace, since=after, until=before, limit=limit)
+    columns = ("workflow", "namespace", "state", "steps", "failed passes", "wakes", "changed", "last error")
+    table = _listing("workflows", found, state, as_json, "the most recently changed first", columns, ("steps", "failed passes"))
     if table is None:
         return
     for w in found:
         wakes = "-" if w.wakes_in_seconds is None else f"in {w.wakes_in_seconds:.1f} s"
         error = (w.last_error or "-").splitlines()[0][:80] if w.last_error else "-"
-        table.add_row(shown(w.workflow), shown(w.namespace or "-"), w.state, str(w.steps), str(w.attempts), wakes, shown(error))
+        table.add_row(
+            shown(w.workflow), shown(w.namespace or "-"), w.state, str(w.steps), str(w.attempts), wakes, _when(w.changed_at), shown(error)
+        )  # fmt: skip
     out.print(table)
 
 
@@ -164,7 +172,8 @@ def workflows_show(
     workflow: str = typer.Argument(..., metavar="ID", help="The workflow's id."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Show one durable workflow: its state, each recorded step, failed passes, last error. Reads only."""
+    """Show one durable workflow: its state, each recorded step with its value and when it was
+    written, and the error of its failed passes. Reads only."""
     settings = ctx.obj.settings()
     from harel_edge import workflows  # noqa: PLC0415
 
@@ -173,18 +182,21 @@ def workflows_show(
         return
     w = detail.summary
     wakes = "" if w.wakes_in_seconds is None else f", wakes in {w.wakes_in_seconds:.1f} s"
-    for line in (
-        f"workflow {shown(w.workflow)} ({shown(w.namespace or 'no namespace')}): {w.state}{wakes}",
-        f"failed passes in a row: {w.attempts}",
-        f"last error: {shown(w.last_error or '-', lines=True)}",
-    ):
+    lines = [f"workflow {shown(w.workflow)} ({shown(w.namespace or 'no namespace')}): {w.state}{wakes}"]
+    if w.forked_from is not None:
+        lines.append(f"forked from {shown(w.forked_from)} at step {shown(w.forked_step or '-')}")
+    lines += [f"failed passes in a row: {w.attempts}", f"last error: {shown(w.last_error or '-', lines=True)}"]
+    for line in lines:
         out.print(line, markup=False)
     if not detail.records:
         out.print("steps: none recorded", markup=False)
         return
     table = Table(title=f"records ({len(detail.records)}, in the order written)")
-    for column in ("step", "written", "value"):
-        table.add_column(column)
-    for record in detail.records:
-        table.add_row(shown(record["step"]), _when(record["written_at"]), json.dumps(record["value"], default=str)[:80])
+    for column in ("#", "step", "written", "value"):
+        table.add_column(column, justify="right" if column == "#" else "left")
+    for number, record in enumerate(detail.records, 1):
+        value = json.dumps(record["value"], default=str)[:80]
+        table.add_row(str(number), shown(record["step"]), _when(record["written_at"]), shown(value))
+    if w.last_error and w.state not in ("finished", "cancelled"):
+        table.add_row("", "(next)", "-", shown(f"failed {w.attempts}x: {w.last_error.splitlines()[0][:70]}"))
     out.print(table)

@@ -4,6 +4,7 @@ is one statement, decided on the primary by its clock (docs/durable.md)."""
 from __future__ import annotations
 
 from harel_edge.schema import now_table
+from harel_edge.schema_control import CANCELLED
 
 # Every statement gets the current time as one parameter: a number from an injected clock, or
 # NULL for the database's own. `t.now` is then one value for the whole statement.
@@ -16,12 +17,14 @@ def _now(n: int) -> str:
 LOAD = "SELECT step, value FROM workflow_checkpoint WHERE workflow = ? ORDER BY seq"
 HISTORY = "SELECT step, value, written_at FROM workflow_checkpoint WHERE workflow = ? ORDER BY seq"
 LOOKUP = "SELECT value FROM workflow_checkpoint WHERE workflow = ? AND step = ?"
+IS_CANCELLED = f"SELECT 1 WHERE {CANCELLED.format(w='?1')}"
 
-# A new claim wins only over one that is not alive (lapsed, released, or past its budget).
-# The token is one more than the last, so every write of an older pass is refused from now on.
+# A new claim wins only over one that is not alive (lapsed, released, or past its budget), and
+# never for a cancelled workflow. The token is one more than the last, so every write of an
+# older pass is refused from now on.
 CLAIM = f"""
 INSERT INTO workflow_claim (workflow, token, held_until, alive_until, alive_for)
-SELECT ?1, 1, t.now + ?2, t.now + MIN(?2, ?3), ?3 FROM {_now(4)} WHERE true
+SELECT ?1, 1, t.now + ?2, t.now + MIN(?2, ?3), ?3 FROM {_now(4)} WHERE NOT {CANCELLED.format(w="?1")}
 ON CONFLICT (workflow) DO UPDATE SET
     token = workflow_claim.token + 1,
     held_until = excluded.held_until,

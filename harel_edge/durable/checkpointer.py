@@ -135,6 +135,10 @@ class LibsqlCheckpointer:
         rows = await self.database.execute("durable.renew", sql.RENEW, (holder.workflow, holder.token, alive_s, self.clock_param()))
         return bool(rows) and rows[0][0] is not None
 
+    async def cancelled(self, workflow: str) -> bool:
+        """Whether the workflow is cancelled (then no claim is granted until it is resumed)."""
+        return bool(await self.database.execute("durable.cancelled", sql.IS_CANCELLED, (workflow,)))
+
     async def release(self, holder: Pass) -> None:
         """Give the workflow up now, so the next pass need not wait for the claim to lapse."""
         await self.database.execute("durable.release", sql.RELEASE, (holder.workflow, holder.token, self.clock_param()))

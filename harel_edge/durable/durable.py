@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harel_edge.durable import control
 from harel_edge.durable.checkpoint_statements import ARRIVE, DISCARD
 from harel_edge.durable.checkpointer import LibsqlCheckpointer, new_inbox_key
 from harel_edge.durable.database import Database
@@ -70,3 +71,33 @@ class LibsqlDurable:
         refuse_nul(workflow, "workflow id")
         rows = await self.database.execute("durable.delete", DISCARD, (workflow, self.scheduler.namespace, self.checkpointer.clock_param()))
         return int(rows[0][0])
+
+    # ---- the operator's commands (docs/durable.md, "A workflow's states") ----------------------
+
+    async def cancel(self, workflow: str) -> control.WorkflowChange:
+        """Stop the workflow: a pass that is running is fenced off before its next write, and no
+        pass runs again until `resume`. Of two cancels at once, one is told it changed it."""
+        stmt = control.cancel_statement(self._prefix, workflow, self.checkpointer.clock_param())
+        return control.switched("cancel", workflow, await self.database.execute("durable.cancel", stmt.sql, stmt.args))
+
+    async def resume(self, workflow: str) -> control.WorkflowChange:
+        """Run a cancelled or dead workflow again from its last recorded step, its failed passes forgotten."""
+        stmt = control.resume_statement(self._prefix, workflow, self.checkpointer.clock_param())
+        rows = await self.database.execute("durable.resume", stmt.sql, stmt.args)
+        self.scheduler.notify()
+        return control.switched("resume", workflow, rows)
+
+    async def fork(
+        self, workflow: str, from_step: str, new_id: str | None = None, *, namespace: str | None = None
+    ) -> control.WorkflowChange:
+        """A new workflow with `workflow`'s records from before `from_step`, ready now, to run
+        `from_step` and what follows again; the original is left as it is."""
+        target = new_id if new_id is not None else control.new_fork_id(workflow)
+        stmt = control.fork_statement(self._prefix, workflow, from_step, target, namespace, self.checkpointer.clock_param())
+        rows = await self.database.execute("durable.fork", stmt.sql, stmt.args)
+        self.scheduler.notify()
+        return control.forked(workflow, from_step, target, rows)
+
+    @property
+    def _prefix(self) -> str:
+        return self.database.settings.prefix

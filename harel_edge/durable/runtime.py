@@ -20,6 +20,7 @@ from harel_edge.durable.durable import LibsqlDurable
 from harel_edge.durable.types import (  # the outcomes, importable from here as before
     INBOX,
     Busy,
+    Cancelled,
     Delivery,
     FencedError,
     Finished,
@@ -33,13 +34,13 @@ from harel_edge.durable.types import (  # the outcomes, importable from here as 
     to_seconds,
 )
 from harel_edge.ids import refuse_nul
+from harel_edge.schema_control import RESULT  # the key of a finished workflow's return value
 from harel_edge.settings import DEFAULT_MAX_DELIVERIES
 
 log = logging.getLogger(__name__)
 
 BUDGET = timedelta(minutes=15)  # the longest one pass may hold its workflow
 ALIVE = timedelta(seconds=30)  # how long a pass keeps it without a renewal
-RESULT = "$result"  # the key of a finished workflow's return value
 MAX_ERROR_CHARS = 4000  # of a failed pass's error, kept on its queue row and in its dead letter
 _RESERVED = ("$", INBOX)
 
@@ -267,17 +268,19 @@ async def run_durably(
     """
     holder = await durable.checkpointer.claim(workflow, budget, alive)
     if holder is None:
-        return Busy()
+        return Cancelled() if await durable.checkpointer.cancelled(workflow) else Busy()
     outcome: Outcome | None = None
     try:
         outcome = await _run_pass(durable, holder, fn, alive, [None])
     finally:
         if not isinstance(outcome, Lost):
             await durable.checkpointer.release(holder)
+    if isinstance(outcome, Lost) and await durable.checkpointer.cancelled(workflow):
+        return Cancelled()
     if isinstance(outcome, Sleeping):
         await durable.scheduler.make_ready(workflow, outcome.until)
     elif isinstance(outcome, Finished):
-        await durable.scheduler.cancel(workflow)
+        await durable.scheduler.drop(workflow)
     return outcome
 
 
@@ -344,6 +347,10 @@ class DurableWorker:
         scheduler = self.durable.scheduler
         holder = await self.durable.checkpointer.claim(delivery.workflow, self.budget, self.alive)
         if holder is None:
+            if await self.durable.checkpointer.cancelled(delivery.workflow):
+                await scheduler.done(delivery)  # its row is gone with the cancel; never offer it again
+                self._passed(delivery, Cancelled())
+                return Cancelled()
             await scheduler.extend(delivery, self.busy_retry)
             self._passed(delivery, Busy())
             return Busy()
@@ -366,6 +373,8 @@ class DurableWorker:
             await scheduler.wake_at(current, outcome.until)
         elif isinstance(outcome, Finished | Waiting):
             await scheduler.done(current)
+        elif isinstance(outcome, Lost) and await self.durable.checkpointer.cancelled(delivery.workflow):
+            outcome = Cancelled()  # fenced off by a cancel: the cancel already dropped its row
         self._passed(delivery, outcome)
         return outcome
 

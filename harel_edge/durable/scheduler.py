@@ -16,17 +16,20 @@ from harel_edge.durable.types import LEASE, POLL, Delivery, to_seconds
 from harel_edge.executor import Stmt
 from harel_edge.ids import refuse_nul
 from harel_edge.schema import QUEUE_BUMP, now_or, now_table
+from harel_edge.schema_control import CANCELLED
 
 # A wakeup bumps the generation even when it leaves the visibility as it was (already due, or
 # asked for later than a worker's lease ends), so the pass out with a worker never drops it.
+# A cancelled workflow is never queued.
 _MAKE_READY = f"""
-INSERT INTO workflow_queue (namespace, workflow, visible_at) VALUES (?1, ?2, {now_or('?3')})
+INSERT INTO workflow_queue (namespace, workflow, visible_at)
+SELECT ?1, ?2, {now_or('?3')} WHERE NOT {CANCELLED.format(w="?2")}
 ON CONFLICT (namespace, workflow) DO UPDATE SET
     visible_at = MIN(visible_at, excluded.visible_at), generation = {QUEUE_BUMP}
 """
 
 _SCHEDULE = f"""
-INSERT INTO workflow_queue (namespace, workflow, visible_at) VALUES (?1, ?2, ?3)
+INSERT INTO workflow_queue (namespace, workflow, visible_at) SELECT ?1, ?2, ?3 WHERE NOT {CANCELLED.format(w="?2")}
 ON CONFLICT (namespace, workflow) DO UPDATE SET visible_at = excluded.visible_at, generation = {QUEUE_BUMP}
 """
 
@@ -72,7 +75,7 @@ FROM workflow_queue q, {now}
 WHERE q.namespace = ?1 AND q.workflow = ?2 AND q.visible_at = ?3 AND q.generation = ?4
 RETURNING failures, dead
 """
-_CANCEL = "DELETE FROM workflow_queue WHERE namespace = ?1 AND workflow = ?2"
+_DROP = "DELETE FROM workflow_queue WHERE namespace = ?1 AND workflow = ?2"
 
 @dataclass(eq=False)
 class LibsqlScheduler:
@@ -179,13 +182,14 @@ class LibsqlScheduler:
         )
         return Delivery(delivery.workflow, rows[0][0], delivery.generation) if rows else delivery
 
-    async def cancel(self, workflow: str) -> None:
+    async def drop(self, workflow: str) -> None:
         """Drop the workflow's row, whether queued, sleeping or out with a worker.
 
-        A pass still running then matches no row, so a cancelled workflow is not put back to sleep.
+        A pass still running then matches no row, so it does not put the workflow back to sleep
+        (to stop a workflow for good, `LibsqlDurable.cancel` it).
         """
         refuse_nul(workflow, "workflow id")
-        await self.database.execute("durable.cancel", _CANCEL, (self.namespace, workflow))
+        await self.database.execute("durable.drop", _DROP, (self.namespace, workflow))
 
     async def failed(self, delivery: Delivery, error: str, limit: int) -> tuple[int, bool] | None:
         """Count a failed pass; at `limit` in a row (0: never) move the workflow to the dead-letter table.

@@ -169,4 +169,9 @@ class Lost:
     """This pass lost its claim part way and stopped before its next write."""
 
 
-Outcome = Finished | Sleeping | Waiting | Busy | Lost
+@dataclass(frozen=True)
+class Cancelled:
+    """The workflow is cancelled (`harel-edge workflows cancel`): no pass runs until it is resumed."""
+
+
+Outcome = Finished | Sleeping | Waiting | Busy | Lost | Cancelled

@@ -281,7 +281,7 @@ def test_every_answer_forbids_framing_and_scripts(read_only, path):
     ("path", "says"),
     [
         ("/executions?state=nosuch", "?state=&#39;nosuch&#39;: use one of pending"),
-        ("/workflows?state=nosuch", "?state=&#39;nosuch&#39;: use one of ready, sleeping, running, finished, dead"),
+        ("/workflows?state=nosuch", "?state=&#39;nosuch&#39;: use one of ready, sleeping, running, waiting, finished, dead, cancelled"),
         ("/executions?page=0", "give a page number from 1"),
         ("/dead-letters?page=x", "give a page number from 1"),
     ],

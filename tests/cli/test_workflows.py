@@ -67,8 +67,8 @@ def settings(tmp_path):  # noqa: ANN001, ANN201
 def test_workflows_list_says_where_each_workflow_stands(settings):
     found = {w.workflow: w for w in list_workflows(settings)}
     assert set(found) == {"wf-done", "wf-failing", "wf-dead", "wf-waiting"}
-    # A finished workflow leaves the scheduler's queue, and with it the record of its namespace.
-    assert (found["wf-done"].state, found["wf-done"].steps) == ("finished", 2)
+    # A finished workflow leaves the scheduler's queue; its own row keeps its namespace.
+    assert (found["wf-done"].state, found["wf-done"].steps, found["wf-done"].namespace) == ("finished", 2, "orders")
     failing = found["wf-failing"]
     assert (failing.state, failing.attempts, failing.steps) == ("sleeping", 1, 1), "backing off after its failed pass"
     assert "no such refund" in failing.last_error and failing.wakes_in_seconds is not None
@@ -94,11 +94,11 @@ def test_the_workflows_commands_render_the_same_and_refuse_an_unknown_state(sett
     table = run(["workflows", "list"], {**env, "COLUMNS": "200"}, tmp_path)
     assert "wf-failing" in table.stdout and "no such refund" in table.stdout
     shown = run(["workflows", "show", "wf-done"], {**env, "COLUMNS": "200"}, tmp_path)
-    assert shown.returncode == 0 and "workflow wf-done (no namespace): finished" in shown.stdout and "ship" in shown.stdout
+    assert shown.returncode == 0 and "workflow wf-done (orders): finished" in shown.stdout and "ship" in shown.stdout
     missing = run(["workflows", "show", "nobody"], env, tmp_path)
     assert missing.returncode == 1 and "harel-edge workflows list" in missing.stderr
     wrong = run(["workflows", "list", "--state", "asleep"], env, tmp_path)
-    assert wrong.returncode == 2 and "use one of ready, sleeping, running, finished, dead" in wrong.stderr
+    assert wrong.returncode == 2 and "use one of ready, sleeping, running, waiting, finished, dead, cancelled" in wrong.stderr
 
 
 def test_status_counts_the_failing_workflows_and_says_where_to_look(settings, tmp_path):

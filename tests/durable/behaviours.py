@@ -403,17 +403,17 @@ async def extending_a_delivery_that_was_rescheduled_hands_it_back_unchanged(s: S
     assert await s.queue_row(wf) == pytest.approx(s.clock.current.timestamp())
 
 
-async def cancel_drops_a_workflow_and_a_pass_in_flight_cannot_put_it_back(s: Stores) -> None:
+async def drop_removes_a_workflow_and_a_pass_in_flight_cannot_put_it_back(s: Stores) -> None:
     wf = s.workflow()
     await s.scheduler.make_ready(wf)
     delivery = await s.scheduler.next_ready(NOW)
-    await s.scheduler.cancel(wf)
+    await s.scheduler.drop(wf)
     await s.scheduler.wake_at(delivery, s.clock.current + HOUR)
     assert await s.scheduler.extend(delivery, LEASE) == delivery
     assert await s.queue_row(wf) is None
     sleeping = s.workflow()
     await s.scheduler.schedule(sleeping, s.clock.current + HOUR)
-    await s.scheduler.cancel(sleeping)
+    await s.scheduler.drop(sleeping)
     assert await s.queue_row(sleeping) is None
 
 

@@ -29,7 +29,7 @@ CALLS = {
     "discard": lambda s: s.checkpointer.discard(BAD),
     "make_ready": lambda s: s.scheduler.make_ready(BAD),
     "schedule": lambda s: s.scheduler.schedule(BAD, s.clock.current + HOUR),
-    "cancel": lambda s: s.scheduler.cancel(BAD),
+    "drop": lambda s: s.scheduler.drop(BAD),
     "arrive workflow": lambda s: s.durable.arrive(BAD, "approval", "yes"),
     "arrive key": lambda s: s.durable.arrive(s.workflow(), BAD, "yes"),
     "deliver workflow": lambda s: s.durable.deliver(BAD, "hello"),
