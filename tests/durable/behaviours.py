@@ -32,6 +32,7 @@ from harel_edge.durable import (
     migrate,
 )
 from harel_edge.durable.database import Database
+from harel_edge.errors import ConfigurationError, NotFoundError
 from harel_edge.executor import StatementError
 from harel_edge.settings import EdgeSettings
 
@@ -597,6 +598,120 @@ async def a_failing_sql_effect_fails_alone_and_the_operations_sent_with_it_succe
     )
     assert isinstance(results[0], StatementError) and "statement 0 of the effect" in str(results[0])
     assert all(isinstance(r, Pass) for r in results[1:]), results
+
+
+# ---- the operator's commands: cancel, resume, fork ----------------------------------------
+
+
+async def _dead_letters(s: Stores, workflow: str) -> list[tuple]:
+    prefix = s.database.settings.prefix
+    return await s.rows(f"SELECT id FROM {prefix}_dead_letters WHERE kind = 'workflow' AND workflow = ?", (workflow,))
+
+
+async def a_cancel_fences_off_the_running_pass_and_no_claim_is_granted_until_resume(s: Stores) -> None:
+    wf = s.workflow()
+    await s.scheduler.make_ready(wf)
+    holder = await s.checkpointer.claim(wf, BUDGET, ALIVE)
+    await s.checkpointer.record(holder, "before", 1)
+    change = await s.durable.cancel(wf)
+    assert (change.before, change.after, change.changed) == ("running", "cancelled", True)
+    with pytest.raises(FencedError):
+        await s.checkpointer.record(holder, "after", 2)
+    with pytest.raises(FencedError):
+        await s.checkpointer.transact(holder, "effect", insert_effect(wf, "effect"))
+    with pytest.raises(FencedError):
+        await s.checkpointer.transact(holder, "sql", SqlEffect(("INSERT INTO durable_effects (workflow, step) VALUES (?, 'sql')", (wf,))))
+    assert not await s.checkpointer.renew(holder, ALIVE)
+    assert await s.effects(wf) == [] and list(await s.checkpointer.load(wf)) == ["before"]
+    assert await s.checkpointer.cancelled(wf)
+    assert await s.checkpointer.claim(wf, BUDGET, ALIVE) is None
+    # Nothing makes it ready while it is cancelled; an arrival is kept for when it resumes.
+    await s.scheduler.make_ready(wf)
+    await s.scheduler.schedule(wf, s.clock.current)
+    assert await s.durable.arrive(wf, "payment", 5) == 5
+    assert await s.queue_row(wf) is None and await s.scheduler.take_ready(10, NOW) == []
+    resumed = await s.durable.resume(wf)
+    assert (resumed.before, resumed.after) == ("cancelled", "ready")
+    assert await s.queue_row(wf) == pytest.approx(s.clock.current.timestamp())
+    again = await s.checkpointer.claim(wf, BUDGET, ALIVE)
+    assert again is not None and again.token > holder.token
+    assert await s.checkpointer.load(wf) == {"before": 1, "payment": 5}
+
+
+async def of_two_cancels_at_once_one_says_it_changed_it(s: Stores) -> None:
+    wf = s.workflow()
+    await s.scheduler.schedule(wf, s.clock.current + HOUR)
+    changes = await asyncio.gather(s.durable.cancel(wf), s.durable.cancel(wf))
+    assert sorted(c.changed for c in changes) == [False, True]
+    assert {c.before for c in changes} == {"sleeping", "cancelled"}, "the sleeper's timer is gone"
+    assert await s.queue_row(wf) is None
+    resumed = await asyncio.gather(s.durable.resume(wf), s.durable.resume(wf))
+    assert sorted(c.changed for c in resumed) == [False, True]
+
+
+async def a_command_that_does_not_apply_changes_nothing_and_says_so(s: Stores) -> None:
+    done = s.workflow()
+    holder = await s.checkpointer.claim(done, BUDGET, ALIVE)
+    await s.checkpointer.record(holder, "$result", "ok")
+    await s.checkpointer.release(holder)
+    before = await s.rows("SELECT * FROM workflow_claim WHERE workflow = ?", (done,))
+    for command in (s.durable.cancel, s.durable.resume):
+        change = await command(done)
+        assert (change.before, change.after, change.changed) == ("finished", "finished", False)
+    assert await s.rows("SELECT * FROM workflow_claim WHERE workflow = ?", (done,)) == before
+    waiting = s.workflow()
+    await s.scheduler.make_ready(waiting)
+    assert not (await s.durable.resume(waiting)).changed, "only a cancelled or dead workflow resumes"
+    with pytest.raises(NotFoundError, match="workflows list"):
+        await s.durable.cancel(s.workflow())
+    with pytest.raises(NotFoundError):
+        await s.durable.resume(s.workflow())
+    with pytest.raises(ConfigurationError, match="no step 'nope'.*its steps are none yet"):
+        await s.durable.fork(waiting, "nope")
+
+
+async def resume_brings_back_a_dead_workflow_ready_with_its_failed_passes_forgotten(s: Stores) -> None:
+    wf = s.workflow()
+    await s.scheduler.make_ready(wf)
+    delivery = await s.scheduler.next_ready(NOW)
+    assert await s.scheduler.failed(delivery, "boom", 1) == (1, True)
+    assert len(await _dead_letters(s, wf)) == 1
+    change = await s.durable.resume(wf)
+    assert (change.before, change.after) == ("dead", "ready")
+    assert await _dead_letters(s, wf) == []
+    rows = await s.rows("SELECT failures, last_error FROM workflow_queue WHERE workflow = ?", (wf,))
+    assert rows == [(0, None)]
+    # A dead workflow cancelled instead: its dead letter goes, so no requeue brings it back.
+    await s.scheduler.drop(wf)  # so the next delivery is the other one's
+    other = s.workflow()
+    await s.scheduler.make_ready(other)
+    delivery = await s.scheduler.next_ready(NOW)
+    await s.scheduler.failed(delivery, "boom", 1)
+    assert (await s.durable.cancel(other)).before == "dead"
+    assert await _dead_letters(s, other) == [] and await s.queue_row(other) is None
+
+
+async def a_fork_copies_the_records_before_its_step_and_leaves_the_original_as_it_was(s: Stores) -> None:
+    wf = s.workflow()
+    await s.scheduler.make_ready(wf)
+    holder = await s.checkpointer.claim(wf, BUDGET, ALIVE)
+    for step in ("one", "two", "three"):
+        await s.checkpointer.transact(holder, step, insert_effect(wf, step))
+    await s.checkpointer.record(holder, "$result", "done")
+    await s.checkpointer.release(holder)
+    await s.scheduler.drop(wf)
+    original = await s.checkpointer.history(wf)
+    change = await s.durable.fork(wf, "two", f"{wf}-again")
+    assert (change.workflow, change.before, change.after, change.forked_from) == (f"{wf}-again", "absent", "ready", wf)
+    assert list(await s.checkpointer.load(f"{wf}-again")) == ["one"], "the steps before it, never the result"
+    assert await s.queue_row(f"{wf}-again") == pytest.approx(s.clock.current.timestamp())
+    assert await s.checkpointer.history(wf) == original
+    with pytest.raises(ConfigurationError, match="exists already"):
+        await s.durable.fork(wf, "one", f"{wf}-again")
+    retried = await s.durable.fork(wf, "two", f"{wf}-again")
+    assert not retried.changed, "a fork retried after it landed makes nothing twice"
+    unnamed = await s.durable.fork(wf, "three")
+    assert unnamed.workflow.startswith(f"{wf}.fork-") and list(await s.checkpointer.load(unnamed.workflow)) == ["one", "two"]
 
 
 ALL: list[Behaviour] = [
