@@ -1,6 +1,7 @@
 """`harel-edge dashboard`: a web view of one deployment over the library functions the commands
 render (status, executions, workflows, dead letters). Read-only unless started with write mode,
-which adds one action, requeueing a dead letter, behind a per-process form token."""
+which adds the operator's actions (requeue a dead letter; cancel, resume or fork a workflow),
+each behind a per-process form token."""
 
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from harel_edge import dead_letter, executions, workflows
-from harel_edge.errors import AuthError, ConfigurationError, PrimaryUnavailableError
+from harel_edge import dead_letter, executions, workflow_control, workflows
+from harel_edge.durable.control import CANCELS, COMMANDS, RESUMES
+from harel_edge.errors import AuthError, ConfigurationError, NotFoundError, PrimaryUnavailableError
 from harel_edge.settings import EdgeSettings
 from harel_edge.status import collect_status
+from harel_edge.timestamps import utc_text
 
 log = structlog.get_logger("harel_edge.dashboard")
 
@@ -93,15 +96,18 @@ class Guard(BaseHTTPMiddleware):
 
 
 def create_app(settings: EdgeSettings, *, write: bool = False, hosts: Iterable[str] = ()) -> Starlette:
-    """The dashboard for the deployment `settings` reach; `write` allows requeueing dead letters;
+    """The dashboard for the deployment `settings` reach; `write` allows the operator's actions;
     it answers for the loopback names and `hosts`."""
     pages = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))
     pages.filters["link"] = id_link
+    pages.filters["when"] = utc_text
     form_token = secrets.token_urlsafe(16)
     where = f"{settings.profile} at {settings.server or settings.db_path} (prefix {settings.prefix})"
 
     def page(name: str, status_code: int = 200, **values: Any) -> HTMLResponse:
-        body = pages.get_template(name).render(where=where, write=write, form_token=form_token, **values)
+        body = pages.get_template(name).render(
+            where=where, write=write, form_token=form_token, cancels=CANCELS, resumes=RESUMES, **values
+        )
         return HTMLResponse(body, status_code=status_code)
 
     def problem(status_code: int, title: str, logged: bool = False) -> Callable[[Request, Exception], Response]:
@@ -159,17 +165,45 @@ def create_app(settings: EdgeSettings, *, write: bool = False, hosts: Iterable[s
         found = dead_letter.read_dead_letters(settings, limit=LIMIT, offset=(number - 1) * LIMIT)
         return paged("dead_letters.html", request, found, number)
 
-    async def requeue(request: Request) -> Response:
+    async def posted(request: Request, action: str) -> dict[str, str]:
+        """The fields of a write's urlencoded form (read without python-multipart, Starlette's
+        form parser), once write mode and the page's form token are checked."""
         if not write:
-            raise HTTPException(403, "read-only: start the dashboard with --write to requeue")
-        # The one field of an urlencoded form, read without python-multipart (Starlette's form parser).
-        given = parse_qs((await request.body()).decode("utf-8", "replace")).get("form_token", [""])[0]
-        if not secrets.compare_digest(given, form_token):
+            raise HTTPException(403, f"read-only: start the dashboard with --write to {action}")
+        fields = {k: v[0] for k, v in parse_qs((await request.body()).decode("utf-8", "replace")).items()}
+        if not secrets.compare_digest(fields.get("form_token", ""), form_token):
             raise HTTPException(403, "stale form: reload the page and try again")
+        return fields
+
+    async def requeue(request: Request) -> Response:
+        await posted(request, "requeue")
         number = int(request.path_params["id"])
         if await run_in_threadpool(dead_letter.requeue_dead_letter, settings, number) is None:
             raise HTTPException(404, f"no dead letter {number}")
         return RedirectResponse("/dead-letters", status_code=303)
+
+    def control(command: str) -> Callable:
+        async def endpoint(request: Request) -> Response:
+            return await controlled(request, command)
+
+        return endpoint
+
+    async def controlled(request: Request, command: str) -> Response:
+        """Cancel, resume or fork the workflow the form names; the answer says what changed."""
+        fields = await posted(request, command)
+        workflow = fields.get("id", "")
+        if command == "fork":
+            new_id = fields.get("new_id") or None
+            call = lambda: workflow_control.fork_workflow(settings, workflow, fields.get("step", ""), new_id)  # noqa: E731
+        else:
+            call = lambda: getattr(workflow_control, f"{command}_workflow")(settings, workflow)  # noqa: E731
+        try:
+            change = await run_in_threadpool(call)
+        except NotFoundError as exc:
+            return page("missing.html", 404, what="workflow", missing=workflow, problem=str(exc))
+        except ConfigurationError as exc:
+            return page("problem.html", 409, title=f"The {command} was refused", problem=str(exc))
+        return page("changed.html", change=change)
 
     routes = [
         Route("/", overview),
@@ -179,6 +213,7 @@ def create_app(settings: EdgeSettings, *, write: bool = False, hosts: Iterable[s
         Route("/executions/{id:path}", detail("execution.html", "execution", executions.show_execution)),
         Route("/workflows", listing("workflows.html", workflows.STATES, lambda state, offset: workflows.list_workflows(
             settings, state=state, limit=LIMIT, offset=offset))),
+        *(Route(f"/workflows/{command}", control(command), methods=["POST"]) for command in COMMANDS),
         Route("/workflows/{id:path}", detail("workflow.html", "workflow", workflows.show_workflow)),
         Route("/dead-letters", dead_letters),
         Route("/dead-letters/{id:int}/requeue", requeue, methods=["POST"]),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import UTC, datetime
 
 import typer
 from rich.table import Table
@@ -21,12 +20,9 @@ from harel_edge.cli.app import (
 from harel_edge.errors import (
     ConfigurationError,
 )
+from harel_edge.timestamps import utc_text
 
 # ---- dead letters ---------------------------------------------------------------------------------
-
-
-def _when(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
 
 
 # harel_edge.dead_letter.KINDS, not imported for `--help` (it pulls in harel and libsql); a test
@@ -83,7 +79,7 @@ def dead_letter_list(
             shown(letter.target),
             shown(what),
             str(letter.attempts),
-            _when(letter.dead_at),
+            utc_text(letter.dead_at),
             shown(error[:80] + ("..." if len(error) > 80 else "")),
         )
     out.print(table)
@@ -112,7 +108,7 @@ def dead_letter_show(
         lines.append(f"failed deliveries: {letter.attempts}")
     else:
         lines.append(f"failed passes in a row: {letter.attempts}")
-    lines.append(f"dead at: {_when(letter.dead_at)}")
+    lines.append(f"dead at: {utc_text(letter.dead_at)}")
     lines.append(f"last error: {shown(letter.last_error or '- (none recorded: its worker may have died handling it)', lines=True)}")
     for line in lines:
         out.print(line, markup=False)

@@ -4,29 +4,19 @@ durable workflows, and show one of either in full (reads only)."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from typing import Any
 
 import typer
 from rich.table import Table
 
 from harel_edge.cli.app import EXIT_PROBLEM, fail, handled, out, plural, shown
+from harel_edge.timestamps import utc_text
 
 # harel_edge.executions.STATUSES (harel's Status) and harel_edge.workflows.STATES, not imported for
 # `--help` (they pull in harel and libsql); a test checks that they agree.
 STATUSES = ("pending", "running", "done", "cancelled", "suspended", "cancelling", "failed")
 WORKFLOW_STATE_NAMES = ("ready", "sleeping", "running", "waiting", "finished", "dead", "cancelled")
 STATES = f"<{'|'.join(STATUSES)}>"
-
-
-def _when(value: Any) -> str:
-    """An epoch time as UTC ISO 8601 to the second; '-' when there is none."""
-    if value is None:
-        return "-"
-    try:
-        return datetime.fromtimestamp(float(value), UTC).isoformat(timespec="seconds")
-    except (TypeError, ValueError, OverflowError):
-        return str(value)
 
 
 def _listing(
@@ -79,7 +69,7 @@ def executions_list(
         error = (e.error or "-").splitlines()[0] if e.error else "-"
         table.add_row(
             *map(shown, (e.id, e.machine, e.status.lower(), e.outcome or "-", e.state or "-")),
-            str(e.pending), _when(e.updated_at), shown(error[:80]),
+            str(e.pending), utc_text(e.updated_at), shown(error[:80]),
         )  # fmt: skip
     out.print(table)
 
@@ -103,8 +93,8 @@ def executions_show(
         f"execution {shown(s.id)} of {shown(s.machine)}: {s.status.lower()}"
         + (f" (outcome {shown(s.outcome)})" if s.outcome else "")
         + f", in {shown(s.state or '-')}",
-        f"created {_when(detail.created_at)}, updated {_when(s.updated_at)}"
-        + (f", finished {_when(detail.finished_at)}" if detail.finished_at else ""),
+        f"created {utc_text(detail.created_at)}, updated {utc_text(s.updated_at)}"
+        + (f", finished {utc_text(detail.finished_at)}" if detail.finished_at else ""),
         f"last error: {shown(s.error or '-', lines=True)}",
         f"processed: {plural(detail.processed_events, 'event')}",
         f"context: {json.dumps(detail.context, default=str)}",
@@ -161,7 +151,7 @@ def workflows_list(
         wakes = "-" if w.wakes_in_seconds is None else f"in {w.wakes_in_seconds:.1f} s"
         error = (w.last_error or "-").splitlines()[0][:80] if w.last_error else "-"
         table.add_row(
-            shown(w.workflow), shown(w.namespace or "-"), w.state, str(w.steps), str(w.attempts), wakes, _when(w.changed_at), shown(error)
+            shown(w.workflow), shown(w.namespace or "-"), w.state, str(w.steps), str(w.attempts), wakes, utc_text(w.changed_at), shown(error)
         )  # fmt: skip
     out.print(table)
 
@@ -196,7 +186,7 @@ def workflows_show(
         table.add_column(column, justify="right" if column == "#" else "left")
     for number, record in enumerate(detail.records, 1):
         value = json.dumps(record["value"], default=str)[:80]
-        table.add_row(str(number), shown(record["step"]), _when(record["written_at"]), shown(value))
+        table.add_row(str(number), shown(record["step"]), utc_text(record["written_at"]), shown(value))
     if w.last_error and w.state not in ("finished", "cancelled"):
         table.add_row("", "(next)", "-", shown(f"failed {w.attempts}x: {w.last_error.splitlines()[0][:70]}"))
     out.print(table)

@@ -38,7 +38,7 @@ PAGES = {  # path: a text the page must show (from the deployment's data)
     "/executions/order-001": "Delivered",
     "/executions/odd-1": "amount",
     "/workflows": "fulfil-001",
-    "/workflows/fulfil-001": "Records",
+    "/workflows/fulfil-001": "Steps, in the order recorded",
     "/dead-letters": "unknown machine",
 }
 
@@ -159,6 +159,43 @@ def test_write_mode_requeues_with_the_pages_form_token_only(deployment, tmp_path
         done = httpx.post(f"{served.url}/dead-letters/{letter.id}/requeue", data={"form_token": token}, headers=own, timeout=30)
         assert done.status_code == 303
     assert dead_letter.read_dead_letters(settings) == [], "requeued: back in the queue"
+
+
+def test_write_mode_cancels_resumes_and_forks_a_workflow_and_says_what_each_changed(deployment, tmp_path):
+    from harel_edge import workflows
+
+    settings = writable_copy(deployment, tmp_path)
+    with Served(settings, write=True) as served:
+        page = httpx.get(served.url + "/workflows/fulfil-001", timeout=30).text
+        token = page.split('name="form_token" value="')[1].split('"')[0]
+        assert 'action="/workflows/fork"' in page and 'action="/workflows/cancel"' not in page, "finished: fork only"
+        own = {"Origin": served.url}
+
+        def post(command: str, **fields: str) -> httpx.Response:
+            return httpx.post(f"{served.url}/workflows/{command}", data={"form_token": token, **fields}, headers=own, timeout=30)
+
+        first_step = workflows.show_workflow(settings, "fulfil-001").records[0]["step"]
+        forked = post("fork", id="fulfil-001", step=first_step, new_id="fulfil-again")
+        assert forked.status_code == 200 and "Forked fulfil-001 as fulfil-again" in forked.text
+        assert workflows.show_workflow(settings, "fulfil-again").summary.state == "ready"
+        assert 'action="/workflows/cancel"' in httpx.get(served.url + "/workflows/fulfil-again", timeout=30).text
+        cancelled = post("cancel", id="fulfil-again")
+        assert cancelled.status_code == 200 and "fulfil-again: ready → cancelled" in cancelled.text
+        assert "cancel changed nothing" in post("cancel", id="fulfil-again").text
+        assert 'action="/workflows/resume"' in httpx.get(served.url + "/workflows/fulfil-again", timeout=30).text
+        assert "fulfil-again: cancelled → ready" in post("resume", id="fulfil-again").text
+        refused = post("fork", id="fulfil-001", step="no such step")
+        assert refused.status_code == 409 and "recorded no step" in refused.text
+        assert post("cancel", id="nobody").status_code == 404
+        stale = httpx.post(f"{served.url}/workflows/cancel", data={"form_token": "stale", "id": "fulfil-again"}, headers=own, timeout=30)
+        no_origin = httpx.post(f"{served.url}/workflows/cancel", data={"form_token": token, "id": "fulfil-again"}, timeout=30)
+        assert (stale.status_code, no_origin.status_code) == (403, 403)
+    assert workflows.show_workflow(settings, "fulfil-again").summary.state == "ready", "the refused posts changed nothing"
+    with Served(settings, write=False) as served:
+        assert 'action="/workflows/' not in httpx.get(served.url + "/workflows/fulfil-again", timeout=30).text
+        refused = httpx.post(f"{served.url}/workflows/cancel", data={"form_token": "x", "id": "fulfil-again"},
+                             headers={"Origin": served.url}, timeout=30)  # fmt: skip
+        assert refused.status_code == 403 and "--write" in refused.text
 
 
 def chromium_dom(url: str, tmp_path: Path) -> str:

@@ -107,3 +107,67 @@ def test_status_counts_the_failing_workflows_and_says_where_to_look(settings, tm
     assert json.loads(shown.stdout)["workflows"]["failing"] == 1, "wf-failing; the dead one left the queue"
     table = run(["status"], {**env, "COLUMNS": "200"}, tmp_path)
     assert "1 failing: `harel-edge workflows list`" in table.stdout
+
+
+def test_cancel_resume_and_fork_each_say_what_they_changed_and_change_nothing_where_they_do_not_apply(settings, tmp_path):
+    env = env_for({"profile": "local", "db_path": settings.db_path})
+
+    def command(*args: str):  # noqa: ANN202
+        return run(["workflows", *args], {**env, "COLUMNS": "200"}, tmp_path)
+
+    cancelled = command("cancel", "wf-waiting")
+    assert cancelled.returncode == 0 and "wf-waiting: ready -> cancelled" in cancelled.stdout, cancelled.stderr
+    again = command("cancel", "wf-waiting", "--json")
+    assert json.loads(again.stdout) | {"forked_from": None} == {
+        "workflow": "wf-waiting", "command": "cancel", "before": "cancelled", "after": "cancelled",
+        "forked_from": None, "changed": False,
+    }  # fmt: skip
+    assert "wf-waiting" in command("list", "--state", "cancelled").stdout
+    finished = command("cancel", "wf-done")
+    assert finished.returncode == 0 and "wf-done is finished: cancel changed nothing" in finished.stdout
+    assert "wf-done is finished: resume changed nothing" in command("resume", "wf-done").stdout
+    assert command("resume", "wf-waiting").stdout.strip() == "wf-waiting: cancelled -> ready"
+    dead = json.loads(command("resume", "wf-dead", "--json").stdout)
+    assert (dead["before"], dead["after"], dead["changed"]) == ("dead", "ready", True)
+    unknown = command("cancel", "nobody")
+    assert unknown.returncode == 1 and "no workflow 'nobody'" in unknown.stderr
+    no_step = command("fork", "wf-done", "--from-step", "unpack")
+    assert no_step.returncode == 2 and "its steps are pack, ship" in no_step.stderr
+    forked = json.loads(command("fork", "wf-done", "--from-step", "ship", "--id", "wf-again", "--json").stdout)
+    assert forked == {
+        "workflow": "wf-again", "command": "fork", "before": "absent", "after": "ready",
+        "forked_from": "wf-done", "changed": True,
+    }  # fmt: skip
+    detail = show_workflow(settings, "wf-again")
+    assert [r["step"] for r in detail.records] == ["pack"] and detail.summary.namespace == "orders"
+    taken = command("fork", "wf-done", "--from-step", "pack", "--id", "wf-again")
+    assert taken.returncode == 2 and "exists already" in taken.stderr
+    assert [r["step"] for r in show_workflow(settings, "wf-again").records] == ["pack"], "the refused fork changed nothing"
+
+
+def test_two_cancels_at_once_one_says_it_changed_it(settings):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from harel_edge.workflow_control import cancel_workflow
+
+    with ThreadPoolExecutor(2) as pool:
+        changes = list(pool.map(lambda _: cancel_workflow(settings, "wf-failing"), range(2)))
+    assert sorted(c.changed for c in changes) == [False, True]
+    assert {c.before for c in changes} == {"sleeping", "cancelled"}
+
+
+def test_workflows_list_filters_by_the_time_of_the_last_change(settings, tmp_path):
+    env = env_for({"profile": "local", "db_path": settings.db_path})
+    everything = {w.workflow for w in list_workflows(settings)}
+    recorded = {w.workflow for w in list_workflows(settings) if w.changed_at is not None}
+    assert recorded == {"wf-done", "wf-failing", "wf-dead"}, "wf-waiting never recorded anything"
+    newest = max(w.changed_at for w in list_workflows(settings) if w.changed_at is not None)
+    assert {w.workflow for w in list_workflows(settings, since=newest)} == {
+        w.workflow for w in list_workflows(settings) if w.changed_at == newest
+    }
+    assert {w.workflow for w in list_workflows(settings, until=newest + 1)} == recorded
+    assert list_workflows(settings, since=newest + 1) == []
+    listed = run(["workflows", "list", "--since", "1h", "--json"], env, tmp_path)
+    assert {w["workflow"] for w in json.loads(listed.stdout)} == recorded < everything
+    wrong = run(["workflows", "list", "--since", "yesterday"], env, tmp_path)
+    assert wrong.returncode == 2 and "15m, 2h, 3d" in wrong.stderr
