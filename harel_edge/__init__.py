@@ -33,7 +33,7 @@ _LAZY = {
     "AsyncLibsqlTransport": "harel_edge.queue",
     "LibsqlTransport": "harel_edge.queue",
     "Message": "harel_edge.queue",
-    "SCHEMA_VERSION": "harel_edge.schema",
+    "SCHEMA_VERSION": "harel_edge.migrations",
     "EdgeSettings": "harel_edge.settings",
 }
 

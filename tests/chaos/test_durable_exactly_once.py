@@ -1,5 +1,6 @@
 """Exactly-once steps under SIGKILL: worker processes die inside `transact`, and on sqld the
-primary is paused and killed as well; every effect must still have happened exactly once.
+primary is paused and killed as well, while an operator cancels workflows and resumes them;
+every effect must still have happened exactly once, and none while its workflow was cancelled.
 
 The workload: WORKFLOWS workflows of STEPS steps each; every step is a `ctx.transact` whose
 effect inserts one row into `chaos_effects` (no unique constraint: a second execution would
@@ -27,7 +28,6 @@ import multiprocessing
 import os
 import random
 import signal
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
@@ -52,6 +52,7 @@ DEADLINE = 420.0  # seconds: a hang guard for the whole run, not a timing assert
 # beside other tests). The bound makes the number of faults the same on any machine.
 MOST_OUTSIDE_KILLS = 12
 KILL_WITHIN = 30  # a worker told to kill itself does so inside one of its first this many effects
+CANCELS = 8  # workflows the operator cancels during a run, each resumed a little later
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -135,13 +136,22 @@ class Tally:
     primary_seen: list = field(default_factory=list)  # the server as each fault left it
     kill_points: dict = field(default_factory=dict)
     designs: dict = field(default_factory=dict)
+    cancels: dict = field(default_factory=dict)  # the state each cancel found
+    resumes: int = 0
+    effects_while_cancelled: list = field(default_factory=list)
 
 
 def _read(settings: EdgeSettings, sql: str) -> list[tuple]:
-    """One query on a fresh connection (a remote one may have died with the primary)."""
+    """One query on a fresh connection (a remote one may have died with the primary). Through
+    libsql on a file too: this process also cancels through it, and two SQLite libraries in one
+    process on one file release each other's POSIX locks (SQLite's "How To Corrupt", 2.2.1)."""
     if settings.profile == "local":
-        with sqlite3.connect(settings.db_path, timeout=30) as conn:
+        conn = libsql.connect(settings.db_path)
+        try:
+            conn.execute("PRAGMA busy_timeout = 30000")
             return conn.execute(sql).fetchall()
+        finally:
+            conn.close()
     conn = libsql.connect(settings.server, auth_token=settings.auth_token.get_secret_value())
     try:
         return conn.execute(sql).fetchall()
@@ -154,6 +164,50 @@ def _finished(settings: EdgeSettings) -> int | None:
         return _read(settings, "SELECT count(*) FROM workflow_checkpoint WHERE step = '$result'")[0][0]
     except Exception:  # noqa: BLE001 - the primary may be down right now
         return None
+
+
+def _effects_of(settings: EdgeSettings, workflow: str) -> int:
+    return _read(settings, f"SELECT count(*) FROM chaos_effects WHERE workflow = '{workflow}'")[0][0]
+
+
+class Operator:
+    """Cancels a running workflow now and then, as `harel-edge workflows cancel` does, and
+    resumes it 0.5-2 s later (a running one, mostly); between the two, no effect of it may commit."""
+
+    def __init__(self, settings: EdgeSettings, rng: random.Random, tally: Tally) -> None:
+        self.settings, self.rng, self.tally = settings, rng, tally
+        self.held: dict[str, tuple[float, int]] = {}  # workflow: (when to resume, its effects at the cancel)
+        self.next_cancel = time.monotonic() + rng.uniform(0.2, 0.6)
+
+    def act(self, done: int | None) -> None:
+        from harel_edge.workflow_control import cancel_workflow, resume_workflow
+
+        now = time.monotonic()
+        for workflow, (due, effects) in list(self.held.items()):
+            if now >= due:
+                if _effects_of(self.settings, workflow) != effects:
+                    self.tally.effects_while_cancelled.append(workflow)
+                assert resume_workflow(self.settings, workflow).changed, workflow
+                self.tally.resumes += 1
+                del self.held[workflow]
+        cancelled = sum(self.tally.cancels.values())
+        if done is None or done >= WORKFLOWS * 0.8 or cancelled >= CANCELS or now < self.next_cancel:
+            return
+        from harel_edge.schema import DB_NOW
+
+        finished = {w for (w,) in _read(self.settings, "SELECT workflow FROM workflow_checkpoint WHERE step = '$result'")}
+        unfinished = [w for w in (f"chaos-{i:03d}" for i in range(WORKFLOWS)) if w not in finished | set(self.held)]
+        running = [  # most cancels aim at a pass in progress
+            w for (w,) in _read(self.settings, f"SELECT workflow FROM workflow_claim WHERE held_until > {DB_NOW}")
+            if w in unfinished
+        ]
+        if unfinished:
+            workflow = self.rng.choice(running if running and self.rng.random() < 0.75 else unfinished)
+            change = cancel_workflow(self.settings, workflow)
+            if change.changed:
+                self.held[workflow] = (now + self.rng.uniform(0.5, 2.0), _effects_of(self.settings, workflow))
+            self.tally.cancels[change.before] = self.tally.cancels.get(change.before, 0) + 1
+        self.next_cancel = now + self.rng.uniform(0.2, 0.6)
 
 
 def run_chaos(
@@ -216,9 +270,11 @@ def run_chaos(
     began = time.monotonic()
     next_outside_kill = began + rng.uniform(*outside_kills)
     faults_on_primary = ["pause", "kill", "pause"] if primary is not None else []
+    operator = Operator(settings, rng, tally)
     try:
         while True:
             done = _finished(settings)
+            operator.act(done)
             if done == WORKFLOWS:
                 break
             assert time.monotonic() - began < DEADLINE, (
@@ -299,6 +355,9 @@ def run_chaos(
         "primary paused": tally.primary_pauses,
         "primary killed and restarted": tally.primary_kills,
         "primary as each fault left it": tally.primary_seen,
+        "cancels, by the state each found": tally.cancels,
+        "resumes": tally.resumes,
+        "workflows with an effect committed while cancelled": tally.effects_while_cancelled,
         "seconds": round(time.monotonic() - began, 1),
     }
     print("\nchaos summary:", json.dumps(summary, indent=1, default=str))
@@ -351,6 +410,9 @@ def _assert_exactly_once(summary: dict) -> None:
     assert not summary["effects missing"] and not summary["effects doubled"], summary
     assert not summary["effects without a record"] and not summary["records without an effect"], summary
     assert summary["workers killed inside transact (by themselves)"] >= 10, summary  # the faults happened
+    assert summary["workflows with an effect committed while cancelled"] == [], summary
+    landed = sum(n for state, n in summary["cancels, by the state each found"].items() if state != "finished")
+    assert landed >= 1 and summary["resumes"] == landed, summary  # every cancel that landed was resumed
     # Every worker ran the design its profile gets: the file's connection locally, Hrana remotely.
     default = "file" if summary["profile"] == "local" else "hrana"
     assert set(summary["worker designs"]) == {default}, summary

@@ -98,3 +98,15 @@ def test_docs_architecture_names_every_module_of_the_package():
         if str(relative) not in named:
             missing.append(str(relative))
     assert missing == [], f"docs/architecture.md does not name {missing}"
+
+
+def test_every_name_the_package_exports_can_be_imported():
+    import harel_edge
+
+    missing = []
+    for name in harel_edge.__all__:
+        try:
+            getattr(harel_edge, name)
+        except AttributeError as exc:
+            missing.append(f"{name}: {exc}")
+    assert missing == []
