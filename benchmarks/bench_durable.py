@@ -54,10 +54,10 @@ from pathlib import Path
 
 os.environ.setdefault("RUST_LOG", "error")
 
-from harel_edge import migrations  # noqa: E402
 from harel_edge.durable import LibsqlCheckpointer, SqlEffect, connect, migrate  # noqa: E402
 from harel_edge.durable.checkpoint_statements import CLAIM, RECORD, TRANSACT_FENCE  # noqa: E402
-from harel_edge.settings import EdgeSettings  # noqa: E402
+from harel_edge.migration import migrate as migrate_schema  # noqa: E402
+from harel_edge.settings import EdgeSettings, ExplicitSettings  # noqa: E402
 
 BUDGET, ALIVE = timedelta(hours=1), timedelta(minutes=30)
 EFFECT = "INSERT INTO bench_effects (workflow, step) VALUES (?, ?)"
@@ -126,11 +126,13 @@ def _sqlite3_operation(
 ) -> tuple[sqlite3.Connection, Callable[[int, int], None]]:
     """A sqlite3 connection set up like the local profile, and one operation of `kind` on the
     workflow of coroutine k, one caller at a time."""
+    # The schema first, through harel_edge (libsql), closed before sqlite3 opens the file: two
+    # SQLite libraries open on one file in one process release each other's locks.
+    migrate_schema(ExplicitSettings.load(profile="local", db_path=path))
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={durability.upper()}")
     conn.execute("PRAGMA busy_timeout=5000")
-    migrations.migrate(lambda sql: conn.execute(sql).fetchall())
     conn.execute(EFFECTS_TABLE)
     tokens = [
         conn.execute(CLAIM, (f"bench-{k}", BUDGET.total_seconds(), ALIVE.total_seconds(), None)).fetchall()[

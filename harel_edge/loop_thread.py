@@ -100,11 +100,21 @@ class SyncFace:
         self.close()
 
 
+def run_main(main: Coroutine[Any, Any, T]) -> T:
+    """A program's async main from its sync entry point (a command, a worker process), on this
+    thread, so its signal handlers are the process's."""
+    return asyncio.run(main)
+
+
+def wait_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
+    """From a thread, the result of `coro` run on `loop`, a running loop of another thread."""
+    return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+
 def blocking_execute(executor: Executor, loop: Any) -> Any:
     """A sync `execute(sql, params) -> rows` for code running on a thread (schema steps, status
     queries) whose statements go through `executor` on `loop`, which keeps running meanwhile."""
     def execute(sql: str, params: tuple | list = ()) -> list[tuple]:
-        unit = executor.execute(Stmt(sql, tuple(params)))
-        return asyncio.run_coroutine_threadsafe(unit, loop).result().rows
+        return wait_on(loop, executor.execute(Stmt(sql, tuple(params)))).rows
 
     return execute

@@ -4,13 +4,12 @@ with its `user_version` bump, serialised by the write lock (docs/operations.md, 
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from harel_edge import schema, schema_control, schema_flow, schema_harel
-from harel_edge.errors import SchemaError, SchemaTooNewError
+from harel_edge.errors import SchemaTooNewError
 from harel_edge.executor import Stmt
 from harel_edge.schema import DEFAULT_PREFIX
 
@@ -184,9 +183,6 @@ def _state(rows: list[tuple]) -> tuple[int, int]:
     return found, at
 
 
-Atomic = Callable[[list[str]], Any]
-
-
 async def _drive(steps: Steps, read: Callable[[], Awaitable[Any]], apply: Callable[[list[str]], Awaitable[Any]]) -> Outcome:
     """Answer `steps`' requests: `read()` for the state's rows, `apply(statements)` for a version's
     transaction (what it raised handed back: a lost race, or re-raised)."""
@@ -206,34 +202,10 @@ async def _drive(steps: Steps, read: Callable[[], Awaitable[Any]], apply: Callab
         return done.value
 
 
-def _run_sync(coroutine: Coroutine[Any, Any, Outcome]) -> Outcome:
-    """The result of a coroutine that awaits only sync work (never suspends), without a loop."""
-    try:
-        coroutine.send(None)
-    except StopIteration as done:
-        return done.value
-    coroutine.close()
-    raise RuntimeError("a sync migration step suspended")
-
-
-def upgrade(execute: schema.Execute, prefix: str = DEFAULT_PREFIX, *, atomic: Atomic | None = None) -> Outcome:
-    """Apply every version the database or `prefix` lacks: reads through `execute(sql)`, each
-    version through `atomic(statements)` (one transaction; default: `interactive(execute)`)."""
-    run = atomic or interactive(execute)
-    sql = state_sql(prefix)
-
-    async def read() -> Any:
-        return execute(sql)
-
-    async def apply(statements: list[str]) -> None:
-        run(statements)
-
-    return _run_sync(_drive(_steps(prefix), read, apply))
-
-
 async def upgrade_async(executor: Any, prefix: str = DEFAULT_PREFIX) -> Outcome:
-    """`upgrade` through an executor (harel_edge.executor): each version one `transaction`, so
-    one Hrana request to a remote primary; reads are `execute` units."""
+    """Apply every version the database or `prefix` lacks through an executor
+    (harel_edge.executor): each version one `transaction`, so one Hrana request to a remote
+    primary; reads are `execute` units. `schema_step.prepare` is its one caller in the package."""
     sql = state_sql(prefix)
 
     async def read() -> Any:
@@ -255,43 +227,6 @@ def lacking(state_rows: list[tuple]) -> tuple[int, ...]:
     """`missing`, from the answer to `state_sql`."""
     found, at = _state(state_rows)
     return tuple(v.number for v in VERSIONS if v.number > min(found, at))
-
-
-def migrate(execute: schema.Execute, prefix: str = DEFAULT_PREFIX) -> int:
-    """`upgrade` on one connection's `execute`; returns the version the database had."""
-    return upgrade(execute, prefix).found
-
-
-def interactive(execute: schema.Execute) -> Atomic:
-    """Each unit as BEGIN IMMEDIATE ... COMMIT through `execute`, which must keep one connection
-    (a local file's); refused where each statement would commit on its own."""
-
-    def atomic(statements: list[str]) -> None:
-        execute("BEGIN IMMEDIATE")
-        try:
-            _refuse_autocommit(execute)
-            for statement in statements:
-                execute(statement)
-            execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(Exception):
-                execute("ROLLBACK")
-            raise
-
-    return atomic
-
-
-def _refuse_autocommit(execute: schema.Execute) -> None:
-    try:
-        execute("BEGIN")
-    except Exception as exc:  # noqa: BLE001 - the answer wanted: a transaction is open
-        if "within a transaction" in str(exc).lower():
-            return
-        raise
-    raise SchemaError(
-        "this execute() does not keep a transaction open (each statement commits alone), so a schema "
-        "version could be half applied: pass the profile's executor to harel_edge.migrations.upgrade_async"
-    )
 
 
 # ---- as SQL, for a migration tool --------------------------------------------------------------

@@ -5,9 +5,8 @@ The one module that uses tenacity; what it decides and why: docs/operations.md (
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TypeVar
 
 import structlog
@@ -23,6 +22,7 @@ from tenacity import (
 
 from harel_edge import observability
 from harel_edge.errors import HarelEdgeError, PrimaryUnavailableError
+from harel_edge.loop_thread import LoopThread
 from harel_edge.redaction import scrub
 from harel_edge.settings import EdgeSettings
 
@@ -102,6 +102,33 @@ REOPEN_MARKERS = (
     "broken pipe",
     "unexpected eof",
 )
+
+
+# ---- the pauses of the loops that go on after a failure, each named for its reason ----------------
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """The pause before try `n` (from 1): doubling from `first`, never over `most`; `tries`: how
+    many before the caller gives up this way (0: never)."""
+
+    first: float
+    most: float
+    tries: int = 0
+
+    def pause(self, n: int) -> float:
+        return min(self.first * 2 ** (n - 1), self.most)
+
+
+# A grouped transaction whose BEGIN did not get the primary's write lock (sqld refuses writers at
+# once while it checkpoints: docs/operations.md) goes again whole after this; after `tries` its
+# units go one a request. Sent apart at once, they all met the same checkpoint, one transaction
+# (and one fsync) each. 1.65 s of pauses in all: a checkpoint of 5 s of a busy primary's writes took 0.4 s.
+WRITE_LOCK_HELD = Backoff(0.01, 0.1, tries=20)
+# A worker's loop that ended on an error (harel's loop ends at its first) starts again after this.
+LOOP_FAILED = Backoff(0.5, 10.0)
+# The durable worker's look for ready workflows failed (the primary unreachable): looks again after this.
+TAKE_FAILED = Backoff(0.1, 5.0)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -249,11 +276,10 @@ def call_with_retry(
     async def look_up() -> T | None:
         return resolve() if resolve is not None else None
 
-    tries = _retry(settings, operation, failed, again, repair, look_up)
+    # The tries (and their sleeps) on a loop thread of their own: this caller may be on a
+    # running loop's thread, which a sync call blocks anyway.
+    bridge = LoopThread("harel-edge-retry")
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(tries)
-    # On a running loop's thread (which a sync call blocks anyway): the tries on a thread of their own.
-    with ThreadPoolExecutor(1, thread_name_prefix="harel-edge-retry") as thread:
-        return thread.submit(asyncio.run, tries).result()
+        return bridge.call(_retry(settings, operation, failed, again, repair, look_up))
+    finally:
+        bridge.stop()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harel_edge import logs, observability
+from harel_edge.loop_thread import run_main
 from harel_edge.settings import EdgeSettings
 from harel_edge.worker import WorkerOptions, WorkerReport, run_worker, tune_garbage_collector
 
@@ -54,7 +55,7 @@ def _child(
             watcher.cancel()
 
     try:
-        report = asyncio.run(main())
+        report = run_main(main())
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which decides the exit code
         report = WorkerReport(settings.worker_id, error=f"{type(exc).__name__}: {exc}")
         reports.put(report.as_dict())

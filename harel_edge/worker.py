@@ -28,6 +28,7 @@ from harel_edge.durable.types import Delivery
 from harel_edge.errors import ConfigurationError
 from harel_edge.heartbeats import Vitals
 from harel_edge.inspection import check_usable, inspect_file
+from harel_edge.loop_thread import run_main
 from harel_edge.queue import EventPath, EventTransport
 from harel_edge.sampler import sample_metrics, send_heartbeat
 from harel_edge.schema_step import prepare
@@ -347,7 +348,7 @@ def serve(settings: EdgeSettings, options: WorkerOptions) -> WorkerReport:
     if settings.metrics_port:
         observability.serve_metrics(settings.metrics_port)
     tune_garbage_collector()
-    return asyncio.run(main())
+    return run_main(main())
 
 
 def tune_garbage_collector() -> None:

@@ -14,6 +14,7 @@ import structlog
 from harel.engine.aio.distributed import AsyncWorker
 
 from harel_edge import observability
+from harel_edge.retry import LOOP_FAILED
 from harel_edge.window import InFlightWindow
 
 log = structlog.get_logger("harel_edge.worker")
@@ -193,7 +194,7 @@ async def restarting(name: str, run: Callable[[], Any], stop: asyncio.Event) -> 
             return
         except Exception as exc:  # noqa: BLE001 - logged, and the loop starts again
             failures = 1 if time.monotonic() - started > 60 else failures + 1
-            delay = min(0.5 * 2 ** (failures - 1), 10.0)
+            delay = LOOP_FAILED.pause(failures)
             log.error(
                 "loop failed; restarting",
                 loop=name,

@@ -17,6 +17,7 @@ from harel_edge.connection import connect as open_connection
 from harel_edge.durable.types import DatabaseClosedError
 from harel_edge.executor import Executor, ExecutorClosedError, Result, Stmt, open_executor
 from harel_edge.executor.local import file_turn
+from harel_edge.loop_thread import wait_on
 from harel_edge.schema_step import prepare
 from harel_edge.settings import EdgeSettings, ExplicitSettings
 
@@ -203,8 +204,7 @@ class StreamConnection:
     def execute(self, sql: str, params: tuple | list = ()) -> list[tuple]:
         """Once a transaction is open, a statement runs only while the primary keeps it open, so
         what follows a transaction sqld ended is refused instead of committed on its own."""
-        unit = self._session.execute(Stmt(sql, tuple(params)))
-        return asyncio.run_coroutine_threadsafe(unit, self._loop).result().rows
+        return wait_on(self._loop, self._session.execute(Stmt(sql, tuple(params)))).rows
 
     @property
     def in_transaction(self) -> bool:
@@ -223,7 +223,7 @@ class StreamConnection:
     def reopen(self) -> None:
         """A new stream (the old one, and any transaction it held, is given up)."""
         old, self._session = self._session, self._executor.session()
-        asyncio.run_coroutine_threadsafe(old.aclose(), self._loop).result()
+        wait_on(self._loop, old.aclose())
 
     async def aclose(self) -> None:
         await self._session.aclose()
@@ -243,7 +243,7 @@ def _in_turn(turn: Any, work: Callable[..., T], *args: Any) -> T:
 
 
 def _on_thread(work: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-    """`asyncio.to_thread` as a plain future, not a task: `asyncio.run`'s cancelling of every task
+    """`asyncio.to_thread` as a plain future, not a task: the loop's cancelling of every task
     at its end cannot mark it done (and let the connection go) while the thread still runs it."""
     call = functools.partial(contextvars.copy_context().run, work, *args)
     return asyncio.get_running_loop().run_in_executor(None, call)

@@ -34,6 +34,7 @@ from harel_edge.durable.types import (  # the outcomes, importable from here as 
     to_seconds,
 )
 from harel_edge.ids import refuse_nul
+from harel_edge.retry import TAKE_FAILED
 from harel_edge.schema_control import RESULT  # the key of a finished workflow's return value
 from harel_edge.settings import DEFAULT_MAX_DELIVERIES
 
@@ -320,7 +321,7 @@ class DurableWorker:
                 failures += 1
                 log.exception("durable worker: looking for ready workflows failed")
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for((stop or asyncio.Event()).wait(), min(0.05 * 2**failures, 5.0))
+                    await asyncio.wait_for((stop or asyncio.Event()).wait(), TAKE_FAILED.pause(failures))
                 continue
             for delivery in taken:
                 task = asyncio.create_task(self._run_pass(delivery))

@@ -18,6 +18,7 @@ from rich.table import Table
 from harel_edge.connection import EdgeConnection
 from harel_edge.durable import Database, LibsqlCheckpointer, LibsqlDurable, LibsqlScheduler
 from harel_edge.examples.workflow import LEDGER_DDL
+from harel_edge.loop_thread import run_main
 from harel_edge.migration import migrate
 from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import EdgeSettings, ExplicitSettings
@@ -85,7 +86,7 @@ async def _look(durable: LibsqlDurable, confirmed: set[str]) -> tuple[int, int, 
 
 def run_demo(path: Path, *, orders: int, workflows: int, timeout: float, console: Console) -> bool:
     """Run the demo on `path`; print progress and a summary; True when everything completed."""
-    return asyncio.run(_demo(path, orders, workflows, timeout, console))
+    return run_main(_demo(path, orders, workflows, timeout, console))
 
 
 async def _demo(path: Path, orders: int, workflows: int, timeout: float, console: Console) -> bool:

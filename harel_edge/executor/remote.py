@@ -38,6 +38,7 @@ from harel_edge.executor.hrana import (
 )
 from harel_edge.executor.http import PrimaryHttp
 from harel_edge.executor.stream import HranaSession
+from harel_edge.retry import WRITE_LOCK_HELD
 from harel_edge.settings import EdgeSettings
 
 log = structlog.get_logger("harel_edge.executor.remote")
@@ -45,14 +46,6 @@ log = structlog.get_logger("harel_edge.executor.remote")
 # Callers one turn of the loop wakes when a shared transaction's answer comes: each goes on with
 # its event (a transition, the next commit), and 128 at once held the loop for milliseconds.
 SETTLE_SLICE = 16
-# A grouped batch whose BEGIN did not get the primary's write lock (sqld refuses writers at once
-# while it checkpoints: docs/operations.md) goes again whole after a pause, doubling from
-# LOCK_PAUSE up to LOCK_PAUSE_MOST, for up to LOCK_TRIES tries; then its units go one a request,
-# as after any transaction that ended before they ran. Sent apart at once, they all met the same
-# checkpoint, one transaction (and one fsync) each.
-LOCK_PAUSE = 0.01
-LOCK_PAUSE_MOST = 0.1
-LOCK_TRIES = 20  # 1.65 s of pauses in all: a checkpoint of 5 s of a busy primary's writes took 0.4 s
 
 def exchanges_for(events: int, units: int) -> int:
     """Exchanges in flight that carry a window of `events` twice over, `units` a request; at least 2."""
@@ -267,7 +260,7 @@ class HranaExecutor(ClosesOnce):
             batch = answer["response"]["result"]
             if lock_refused(batch):
                 tries = max(u.refused for u in units) + 1  # sends of this group refused so far
-                if tries < LOCK_TRIES:
+                if tries < WRITE_LOCK_HELD.tries:
                     await self._again_together(units, tries)
                     return
             outcomes = grouped_outcomes(batch, layout, [len(u.stmts) for u in units])
@@ -299,7 +292,7 @@ class HranaExecutor(ClosesOnce):
             unit.refused = tries
         observability.RETRIES.labels(operation="executor.write_lock").inc()
         try:
-            await asyncio.sleep(min(LOCK_PAUSE * 2 ** (tries - 1), LOCK_PAUSE_MOST))
+            await asyncio.sleep(WRITE_LOCK_HELD.pause(tries))
         except asyncio.CancelledError:
             error = PrimaryUnavailableError(
                 f"the primary at {self.where} held its write lock and the executor was closed before "

@@ -177,16 +177,19 @@ class EventTransport(Publishing, Settling, DeadLetters):
         # one is, and the claim that reads them runs for the next LIMITED_CLAIMS claims.
         limited, self._limited = self._limited > 0, max(self._limited - 1, 0)
 
+        async def claim(reading_limits: bool) -> list[tuple]:
+            statement = self._claim_statement(bool(keys), with_execution, reading_limits)
+            return (await self.path.execute(statement, *params, n, *self._run_args(with_execution, n), volatile=True)).rows
+
         async def attempt() -> list[tuple]:
             nonlocal limited
             try:
-                statement = self._claim_statement(bool(keys), with_execution, limited)
-                return (await self.path.execute(statement, *params, n, *self._run_args(with_execution, n), volatile=True)).rows
+                return await claim(limited)
             except Exception as exc:
                 if limited or not sql.limits_were_set(exc):
                     raise
-                limited, self._limited = True, LIMITED_CLAIMS
-                return await attempt()
+            limited, self._limited = True, LIMITED_CLAIMS  # a limit was set since: the claim that reads them
+            return await claim(True)
 
         async def resolve() -> list[tuple] | None:
             # What the token holds is what the claim leased (read after the delivery trigger ran:

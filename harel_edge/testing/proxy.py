@@ -11,6 +11,8 @@ import socket
 import time
 from typing import Any
 
+from harel_edge.loop_thread import run_main
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -96,7 +98,7 @@ def _serve(control: Any, target_port: int, delay: float, port: int) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the proxy stops
     try:
-        asyncio.run(_Proxy(control, target_port, delay, port).run())
+        run_main(_Proxy(control, target_port, delay, port).run())
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
         try:
             control.send(("error", f"{type(exc).__name__}: {exc}"))

@@ -35,6 +35,7 @@ from harel_edge.executor.hrana import UNIT_SAVEPOINT
 from harel_edge.executor.remote import HranaExecutor
 from harel_edge.migration import migrate as migrate_schema
 from harel_edge.queue import AsyncLibsqlTransport, EventPath, EventTransport, LibsqlTransport
+from harel_edge.retry import Backoff
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore, EventStore
 
@@ -405,7 +406,7 @@ def test_a_shared_transaction_refused_for_the_write_lock_goes_again_whole_and_co
 
 
 def test_a_shared_transaction_refused_past_its_tries_goes_again_one_transaction_a_unit(sqld_primary, relay, monkeypatch):
-    monkeypatch.setattr(remote, "LOCK_TRIES", 2)
+    monkeypatch.setattr(remote, "WRITE_LOCK_HELD", Backoff(0.01, 0.1, tries=2))
     results, transactions, keys = _shared_writes(sqld_primary, relay, refusals=2)
     assert relay.fired == ["write lock held"] * 2
     assert transactions == 12  # as after any shared transaction that ended before its units ran

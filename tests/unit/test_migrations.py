@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,8 @@ from harel.engine.transport import SqliteTransport as HarelSqliteTransport
 from harel.spec.states import Event
 
 from harel_edge import migration, migrations, schema_harel
-from harel_edge.connection import EdgeConnection
-from harel_edge.errors import NotADatabaseError, SchemaError, SchemaTooNewError
+from harel_edge.errors import NotADatabaseError, SchemaTooNewError
+from harel_edge.executor import Result, Stmt, open_executor
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import spawned
 from harel_edge.testing.spawned import answers
@@ -27,6 +28,33 @@ EVERY = tuple(v.number for v in migrations.VERSIONS)
 
 def executing(db: sqlite3.Connection):
     return lambda sql, params=(): db.execute(sql, params).fetchall()
+
+
+class SqliteUnits:
+    """The executor's two calls the schema step makes, on one sqlite3 connection (any SQLite the
+    versions must work on): a transaction unit is BEGIN IMMEDIATE ... COMMIT, rolled back whole
+    if a statement fails. Notes each unit, and calls `on_read(sql)` after each read."""
+
+    def __init__(self, db: sqlite3.Connection, on_read=None) -> None:  # noqa: ANN001
+        self.db, self.units, self.on_read = db, [], on_read
+
+    async def execute(self, stmt: Stmt) -> Result:
+        self.units.append(("execute", stmt.sql))
+        rows = self.db.execute(stmt.sql, stmt.args).fetchall()
+        if self.on_read is not None:
+            self.on_read(stmt.sql)
+        return Result(rows)
+
+    async def transaction(self, stmts: list[Stmt]) -> list[Result]:
+        self.units.append(("transaction", [s.sql for s in stmts]))
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            results = [Result(self.db.execute(s.sql, s.args).fetchall()) for s in stmts]
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return results
 
 
 def open_db(path) -> sqlite3.Connection:
@@ -57,7 +85,7 @@ def queued(path) -> list[tuple]:
 def upgrade(path, prefix="harel") -> migrations.Outcome:
     db = open_db(path)
     try:
-        return migrations.upgrade(executing(db), prefix)
+        return asyncio.run(migrations.upgrade_async(SqliteUnits(db), prefix))
     finally:
         db.close()
 
@@ -67,7 +95,7 @@ def applied_up_to(path, last: int) -> None:
     db = open_db(path)
     found = at = 0
     while (unit := migrations.plan(found, at)) is not None and unit.version <= last:
-        migrations.interactive(executing(db))(unit.statements)
+        asyncio.run(SqliteUnits(db).transaction([Stmt(sql) for sql in unit.statements]))
         found, at = db.execute(migrations.state_sql()).fetchone()
     db.close()
 
@@ -145,29 +173,16 @@ def test_a_queue_in_use_keeps_its_messages_and_waiting_workflow_through_the_upgr
 
 
 def test_a_new_database_gets_each_version_in_its_own_transaction_with_its_bump(tmp_path):
-    db, seen = open_db(tmp_path / "new.db"), []
-
-    def execute(sql, params=()):
-        seen.append(sql)
-        return db.execute(sql, params).fetchall()
-
-    assert migrations.upgrade(execute).applied == tuple(v.number for v in migrations.VERSIONS)
-    transactions, current = [], None
-    for sql in seen:
-        if sql == "BEGIN IMMEDIATE":
-            current = []
-        elif sql == "COMMIT":
-            transactions.append(current)
-            current = None
-        elif current is not None:
-            current.append(sql)
-        else:
-            assert sql.startswith("SELECT"), f"only reads outside a transaction, not {sql}"
-    bumps = [[s for s in t if s.startswith("PRAGMA user_version")] for t in transactions]
-    assert bumps == [[f"PRAGMA user_version = {v.number}"] for v in migrations.VERSIONS]
-    assert all(t[0].startswith("BEGIN") and t[1].startswith("SELECT abs(") for t in transactions), (
-        "each re-reads the state inside its transaction first"
-    )
+    executor = SqliteUnits(open_db(tmp_path / "new.db"))
+    done = asyncio.run(migrations.upgrade_async(executor))
+    assert done.applied == EVERY
+    assert [kind for kind, _ in executor.units] == ["execute", "transaction"] * len(EVERY) + ["execute"]
+    units = [sql for kind, sql in executor.units if kind == "transaction"]
+    assert [[s for s in unit if s.startswith("PRAGMA user_version")] for unit in units] == [
+        [f"PRAGMA user_version = {n}"] for n in EVERY
+    ]
+    assert all(unit[0].startswith("SELECT abs(") for unit in units), "each re-reads the state inside its transaction first"
+    assert all(sql.startswith("SELECT") for kind, sql in executor.units if kind == "execute"), "only reads outside"
 
 
 def test_a_second_prefix_gets_every_version_for_its_own_tables_and_leaves_the_first_alone(tmp_path):
@@ -202,17 +217,15 @@ def test_what_is_missing_is_read_without_writing_anything(tmp_path):
 
 def test_a_plan_another_process_made_stale_is_refused_inside_its_transaction_and_skipped(tmp_path):
     path = tmp_path / "stale.db"
-    db, other, reads = open_db(path), open_db(path), []
+    db, reads = open_db(path), []
 
-    def execute(sql, params=()):
-        rows = db.execute(sql, params).fetchall()
-        if sql == migrations.state_sql() and not reads:
-            migrations.upgrade(executing(other))  # everything lands between our read and our unit
+    def on_read(sql: str) -> None:
+        if sql == migrations.state_sql() and not reads:  # everything lands between our read and our unit
+            with ThreadPoolExecutor(1) as other:
+                other.submit(upgrade, path).result()
         reads.append(sql)
-        return rows
 
-    assert migrations.upgrade(execute) == migrations.Outcome(0, LATEST, ())
-    other.close()
+    assert asyncio.run(migrations.upgrade_async(SqliteUnits(db, on_read))) == migrations.Outcome(0, LATEST, ())
     db.close()
     assert user_version(path) == LATEST
 
@@ -252,45 +265,6 @@ def test_a_file_that_is_not_a_database_is_refused_and_left_byte_for_byte(tmp_pat
     assert path.read_bytes() == b"these are my notes, not a database\n" * 200
 
 
-def test_an_execute_that_commits_each_statement_alone_is_refused_before_anything_is_applied(tmp_path):
-    path = tmp_path / "autocommit.db"
-
-    def execute(sql, params=()):  # a new connection a statement: nothing holds a transaction
-        db = open_db(path)
-        try:
-            return db.execute(sql, params).fetchall()
-        finally:
-            db.close()
-
-    with pytest.raises(SchemaError, match="does not keep a transaction open"):
-        migrations.upgrade(execute)
-    assert objects(path) == {} and user_version(path) == 0
-
-
-class RecordingExecutor:
-    """An executor on one sqlite3 connection that notes each unit it is given."""
-
-    def __init__(self, path) -> None:
-        self.db, self.units = open_db(path), []
-
-    async def execute(self, stmt):
-        self.units.append(("execute", stmt.sql))
-        return type("Result", (), {"rows": self.db.execute(stmt.sql, stmt.args).fetchall()})
-
-    async def transaction(self, stmts):
-        self.units.append(("transaction", [s.sql for s in stmts]))
-        migrations.interactive(executing(self.db))([s.sql for s in stmts])
-
-
-def test_through_an_executor_each_version_is_one_transaction_unit(tmp_path):
-    executor = RecordingExecutor(tmp_path / "executor.db")
-    done = asyncio.run(migrations.upgrade_async(executor))
-    assert done.applied == EVERY
-    assert [kind for kind, _ in executor.units] == ["execute", "transaction"] * len(EVERY) + ["execute"]
-    units = [sql for kind, sql in executor.units if kind == "transaction"]
-    assert [unit[-1] for unit in units] == [f"PRAGMA user_version = {n}" for n in EVERY]
-
-
 def test_the_printed_versions_build_the_schema_a_migration_builds(latest, tmp_path):
     path = tmp_path / "tool.db"
     with sqlite3.connect(path) as db:
@@ -318,21 +292,31 @@ def test_the_printed_versions_stop_at_a_version_the_database_already_has_and_cha
 def _race(path: str, barrier, gate, results) -> None:
     """One process's start: its own libsql connection; with `gate`, it waits after each read of
     the state until its peer has read too, so both plan every version from the same state."""
-    connection = EdgeConnection(ExplicitSettings.load(db_path=path))
-    try:
+    executor = open_executor(ExplicitSettings.load(db_path=path))
 
-        def execute(sql, params=()):
-            rows = connection.execute(sql, params)
-            if gate is not None and sql == migrations.state_sql():
+    class Gated:
+        """The executor, waiting after each read of the state until the peer has read too."""
+
+        async def execute(self, stmt: Stmt) -> Result:
+            result = await executor.execute(stmt)
+            if gate is not None and stmt.sql == migrations.state_sql():
                 gate.wait(timeout=60)
-            return rows
+            return result
 
+        async def transaction(self, stmts: list[Stmt]) -> list[Result]:
+            return await executor.transaction(stmts)
+
+    async def start() -> tuple[int, ...]:
+        try:
+            return (await migrations.upgrade_async(Gated())).applied
+        finally:
+            await executor.aclose()
+
+    try:
         barrier.wait(timeout=60)
-        results.put(migrations.upgrade(execute).applied)
+        results.put(asyncio.run(start()))
     except BaseException as exc:  # noqa: BLE001 - reported to the test
         results.put(f"{type(exc).__name__}: {exc}")
-    finally:
-        connection.close()
 
 
 @pytest.mark.parametrize("source", ["new", "harel 0.9 SqliteTransport"])
