@@ -44,7 +44,7 @@ class Listed(list):
 
 def primary_settings(settings: EdgeSettings) -> EdgeSettings:
     """The sqld-profile settings that talk to a replica's primary directly."""
-    if settings.profile != "replica":
+    if not settings.syncs:
         return settings
     return settings.model_copy(update={"profile": "sqld", "url": settings.sync_url, "sync_url": None})
 
@@ -65,10 +65,10 @@ def check_writable(settings: EdgeSettings, *, adopt: bool = False) -> None:
     """Refuse, before anything is written, what must not be written to: a file that is not a
     database, is damaged or is another application's, a newer schema, a file or directory this
     user cannot write, and a read-only token."""
-    if settings.profile in ("local", "replica"):
+    if settings.has_file:
         check_usable(inspect_file(settings.db_path), settings.prefix, settings.db_path, adopt=adopt)
         check_can_write(settings.db_path)
-    if settings.profile == "local":
+    if not settings.has_primary:
         return
     primary = probe(settings)
     try:
@@ -107,7 +107,7 @@ class Reader:
 
 def open_for_reading(settings: EdgeSettings) -> Reader:
     """A local file through SQLite's read-only mode; otherwise the primary itself, sent reads only."""
-    if settings.profile == "local":
+    if not settings.has_primary:
         if not inspect_file(settings.db_path).exists:
             raise_missing(settings.db_path)
         connection = open_read_only(settings.db_path)

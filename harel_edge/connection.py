@@ -46,7 +46,7 @@ class EdgeConnection:
 
     def __init__(self, settings: EdgeSettings) -> None:
         self.settings = settings
-        if settings.profile == "sqld":
+        if not settings.has_file:
             raise ConfigurationError(
                 "EdgeConnection opens a local file or an embedded replica's file; a sqld or Turso primary is "
                 "reached over Hrana: use LibsqlTransport, EdgeStore, or harel_edge.sync_sql.Statements"
@@ -56,7 +56,7 @@ class EdgeConnection:
         self.last_sync_error: str | None = None
         self._raw: Any = None
         self._closed = False
-        self._replica_file = _claim_replica_file(settings) if settings.profile == "replica" else None
+        self._replica_file = _claim_replica_file(settings) if settings.syncs else None
         # A replica cannot even be opened while its primary is down, and a
         # worker usually starts with its primary: open under the retry policy, so both may start
         # in any order. Refused credentials and bad paths are permanent and fail at once.
@@ -72,7 +72,7 @@ class EdgeConnection:
     def _start(self) -> None:
         if self._raw is None:
             self._raw = _open(self.settings)
-        if self.profile == "replica":
+        if self.settings.syncs:
             self._first_sync()
 
     def _first_sync(self) -> None:
@@ -96,7 +96,7 @@ class EdgeConnection:
     @property
     def is_remote(self) -> bool:
         """True for an embedded replica, whose writes would travel to its primary."""
-        return self.profile == "replica"
+        return self.settings.syncs
 
     def execute(self, sql: str, params: tuple | list = ()) -> Rows:
         """Run one statement and return every row it produced (RETURNING rows included)."""
@@ -114,7 +114,7 @@ class EdgeConnection:
         """For commits that only a power cut may undo, harmlessly (a lease dies with every process
         that could hold it): on a local file at full durability they skip their fsync; a crash
         of the process still loses nothing (docs/transport.md, "Leases and fsync")."""
-        if self.profile != "local" or self.settings.durability != "full" or self._raw is None or self.in_transaction:
+        if self.settings.has_primary or self.settings.durability != "full" or self._raw is None or self.in_transaction:
             yield
             return
         # Outside WAL (a file or VFS where WAL could not be enabled), NORMAL risks more than the lease.
@@ -145,7 +145,7 @@ class EdgeConnection:
 
     def sync(self) -> None:
         """Pull the primary's changes into the embedded replica; nothing to do elsewhere."""
-        if self.profile != "replica":
+        if not self.settings.syncs:
             return
         if self._raw is None:
             self._reconnect()
@@ -188,7 +188,7 @@ class EdgeConnection:
         if self._closed:
             raise RuntimeError(f"{self!r} is closed")
         self._raw = _open(self.settings)
-        if self.profile == "replica":
+        if self.settings.syncs:
             self.sync()
 
     def close(self) -> None:
@@ -248,7 +248,7 @@ def _open(settings: EdgeSettings) -> Any:
     token = settings.auth_token.get_secret_value() if settings.auth_token else ""
     base: dict[str, Any] = {"isolation_level": None, "_check_same_thread": False}
     try:
-        if settings.profile == "replica":
+        if settings.syncs:
             Path(settings.db_path).expanduser().parent.mkdir(parents=True, exist_ok=True)
             kwargs = dict(base, sync_url=settings.sync_url, auth_token=token)
             if settings.sync_interval is not None:
@@ -297,7 +297,7 @@ def explain_connect_error(settings: EdgeSettings, exc: BaseException) -> Excepti
     lowered = text.lower()
     where = settings.server or settings.db_path
     # The file on this machine, not the primary's answer to a delegated write or a Hrana request.
-    local = settings.profile != "sqld" and not any(w in lowered for w in ("delegation", "hrana", "status:"))
+    local = settings.has_file and not any(w in lowered for w in ("delegation", "hrana", "status:"))
     if "malformed" in lowered and "not a database" not in lowered and not local:
         return NotADatabaseError(
             f"the primary at {where} reports its database damaged ({scrub(text, settings.auth_token)}): restore "

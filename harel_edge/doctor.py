@@ -121,8 +121,8 @@ def diagnose(settings: EdgeSettings) -> Diagnosis:
 def _run_checks(settings: EdgeSettings) -> list[Check]:
     checks = [Check("configuration", "ok", settings_summary(settings))]
     facts = None
-    if settings.profile in ("local", "replica"):
-        label = "database file" if settings.profile == "local" else "replica file"
+    if settings.has_file:
+        label = "replica file" if settings.syncs else "database file"
         try:
             local = inspect_file(settings.db_path)  # with SQLite's quick_check
         except DamagedDatabaseError as exc:
@@ -143,7 +143,7 @@ def _run_checks(settings: EdgeSettings) -> list[Check]:
             else Check("write access", "ok", f"this user may write {settings.db_path} and beside it")
         )
         if not local.exists:
-            if settings.profile == "local":
+            if not settings.has_primary:
                 checks.append(
                     Check(
                         label,
@@ -164,9 +164,9 @@ def _run_checks(settings: EdgeSettings) -> list[Check]:
                 return checks
             checks.append(Check(label, "ok", f"{settings.db_path} reads cleanly (quick_check)"))
             checks.append(writable)
-            if settings.profile == "local":
+            if not settings.has_primary:
                 facts = local
-    if settings.profile != "local":
+    if settings.has_primary:
         server = settings.server
         started = time.monotonic()
         try:
@@ -209,7 +209,7 @@ def _run_checks(settings: EdgeSettings) -> list[Check]:
             checks.append(schema_check(facts, settings.prefix))
         except HarelEdgeError as exc:
             checks.append(Check("schema version", "fail", "the database cannot be used", str(exc)))
-    if settings.profile == "replica":
+    if settings.syncs:
         checks.append(_sync_health(settings))
     return checks
 

@@ -172,7 +172,7 @@ def publish(settings: EdgeSettings, request: PublishRequest) -> Published:
 def check_publishable(settings: EdgeSettings) -> None:
     """`check_writable`, and on the local profile a file that exists: a publish to a path with a
     typo must not create a database no worker reads (`harel-edge migrate` creates one)."""
-    if settings.profile == "local" and not Path(settings.db_path).exists():
+    if not settings.has_primary and not Path(settings.db_path).exists():
         raise_missing(settings.db_path)
     check_writable(settings)
 

@@ -347,6 +347,22 @@ class EdgeSettings(BaseSettings):
         except ValidationError as exc:
             raise ConfigurationError(explain(exc)) from None
 
+    # What a profile can do, for code that must not compare profile names.
+    @property
+    def has_file(self) -> bool:
+        """A database file on this machine: the local file, or an embedded replica's."""
+        return self.profile in ("local", "replica")
+
+    @property
+    def has_primary(self) -> bool:
+        """Writes are decided by a primary reached over Hrana: sqld, and every write of a replica."""
+        return self.profile in ("sqld", "replica")
+
+    @property
+    def syncs(self) -> bool:
+        """An embedded replica: a local file kept in step with its primary."""
+        return self.profile == "replica"
+
     @property
     def server(self) -> str | None:
         """The primary's address for the profiles that have one."""

@@ -220,7 +220,7 @@ def collect_status(settings: EdgeSettings, top: int = 10) -> StatusReport:
     token is enough); raises SchemaError when there are no harel_edge tables to report on."""
 
     replica: ReplicaStatus | None = None
-    if settings.profile == "replica":
+    if settings.syncs:
         last = last_sync_of_replica_file(settings.db_path)
         replica = ReplicaStatus(
             settings.db_path,

@@ -207,7 +207,7 @@ async def run_worker(
         raise ConfigurationError(
             "nothing to run: give --definitions DIR (statecharts) and/or --workflow NS=module:function"
         )
-    if settings.profile in ("local", "replica"):
+    if settings.has_file:
         # Before libsql opens the file: it would set WAL on a file that is not ours.
         check_usable(inspect_file(settings.db_path), settings.prefix, settings.db_path, adopt=options.adopt)
 
@@ -219,7 +219,7 @@ async def run_worker(
     replica: EdgeConnection | None = None
     try:
         await prepare(database.executor, settings, migrate=options.migrate, adopt=options.adopt)
-        if settings.profile == "replica":
+        if settings.syncs:
             # The embedded file serves this machine's local reads (status). libsql syncs it in the
             # background: its own `sync()` holds the GIL, which would stall this loop for its length.
             try:

@@ -252,7 +252,7 @@ def handled(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _token_not_set(exc: AuthError, ctx: typer.Context | None) -> str:
     """A refusal when no token was given says so, not what the server made of the missing one."""
     settings = maybe_settings(ctx)
-    if settings is None or settings.profile == "local" or settings.auth_token is not None:
+    if settings is None or not settings.has_primary or settings.auth_token is not None:
         return str(exc)
     where = settings.server or "the primary"
     return (

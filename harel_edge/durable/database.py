@@ -283,7 +283,7 @@ def connect(settings: EdgeSettings | str | os.PathLike[str] | None = None, **ove
         settings = EdgeSettings.load(**overrides)
     elif overrides:
         settings = settings.model_copy(update=overrides)
-    if settings.profile in ("sqld", "replica"):
+    if settings.has_primary:
         return Database(settings=settings)
     return Database(open_connection(settings))
 

@@ -110,3 +110,28 @@ def test_every_name_the_package_exports_can_be_imported():
         except AttributeError as exc:
             missing.append(f"{name}: {exc}")
     assert missing == []
+
+
+def test_no_module_compares_a_profiles_name_outside_the_settings_and_the_executor_factory():
+    allowed = {"settings.py", "settings_variables.py", "executor/__init__.py"}
+    comparison = re.compile(r"\bprofile\b\s*(==|!=|\bin\b|\bnot in\b)")
+    found = [
+        f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}"
+        for path in PACKAGE.rglob("*.py")
+        if str(path.relative_to(PACKAGE)) not in allowed
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if comparison.search(line)
+    ]
+    assert found == [], "use EdgeSettings.has_file / has_primary / syncs"
+
+
+def test_one_sync_bridge_no_event_loop_is_run_or_made_outside_loop_thread():
+    bridge = re.compile(r"asyncio\.run\(|new_event_loop|run_coroutine_threadsafe|run_until_complete")
+    found = [
+        f"{path.relative_to(PACKAGE)}:{number}"
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "loop_thread.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if bridge.search(line)
+    ]
+    assert found == []
