@@ -13,7 +13,7 @@ from harel.engine.execution import Status
 from harel_edge.access import Listed, with_reader
 from harel_edge.errors import ConfigurationError
 from harel_edge.inspection import Execute
-from harel_edge.schema import PARKED, EdgeNames
+from harel_edge.schema import EdgeNames, lease_state, now_table
 from harel_edge.settings import EdgeSettings
 
 STATUSES = tuple(status.value.lower() for status in Status)
@@ -140,12 +140,13 @@ def show_execution(settings: EdgeSettings, execution_id: str, *, history: int = 
                 "kind": kind,
                 "event_id": event_id,
                 "deliveries": int(deliveries or 0),
-                "state": "parked" if locked_by == PARKED else ("in flight" if locked_by else "queued"),
+                "state": state.replace("_", " "),
                 "last_error": last_error,
             }
-            for seq, kind, event_id, deliveries, locked_by, last_error in execute(
-                f"SELECT seq, json_extract(event, '$.kind'), json_extract(event, '$.id'), deliveries, locked_by,"
-                f" last_error FROM {n.messages} WHERE group_id = ? ORDER BY seq",
+            for seq, kind, event_id, deliveries, state, last_error in execute(
+                f"SELECT seq, json_extract(m.event, '$.kind'), json_extract(m.event, '$.id'), deliveries,"
+                f" {lease_state('m', 't.now')}, last_error FROM {n.messages} m, {now_table()}"
+                " WHERE group_id = ? ORDER BY seq",
                 (execution_id,),
             )
         ]

@@ -16,7 +16,7 @@ from typing import Any
 from harel_edge.access import with_primary_writer, with_reader
 from harel_edge.errors import ConfigurationError, SchemaError
 from harel_edge.ids import refuse_nul
-from harel_edge.schema import EdgeNames, now_or, table_exists
+from harel_edge.schema import EdgeNames, is_free, now_or, table_exists
 from harel_edge.schema_flow import FlowNames
 from harel_edge.settings import EdgeSettings
 
@@ -118,7 +118,7 @@ def _read(execute: Execute, prefix: str, key: str | None, now: float | None) -> 
         f" CASE WHEN l.rate IS NULL THEN 0 ELSE"
         f" (SELECT count(*) FROM {f.limit_claims} c WHERE c.key = l.key AND c.at > {t} - l.period) END,"
         f" (SELECT count(*) FROM {n.groups} g JOIN {n.messages} m ON m.seq = {head}"
-        f" WHERE g.held_key = l.key AND (m.locked_by IS NULL OR m.lock_expiry < {t}))"
+        f" WHERE g.held_key = l.key AND {is_free('m', t)})"
         f" FROM {table} l WHERE ?1 IS NULL OR l.key = ?1 ORDER BY l.key",
         (key, now),
     )

@@ -21,6 +21,18 @@ PARKED = "__parked__"  # harel's sentinel `locked_by` for a message parked by na
 DB_NOW = "(round((julianday('now') - 2440587.5) * 86400000.0) / 1000.0)"
 
 
+def is_free(m: str, now: str) -> str:
+    """SQL: message `m` (an alias) may be claimed at `now`: never leased, or its lease (or a
+    delayed or parked message's wait) ran out."""
+    return f"({m}.locked_by IS NULL OR {m}.lock_expiry < {now})"
+
+
+def lease_state(m: str, now: str) -> str:
+    """SQL, the one rule for where message `m` stands at `now`: 'queued' (free to claim),
+    'parked' (held until its time: delayed, debounced or given back with a delay) or 'in_flight'."""
+    return f"(CASE WHEN {is_free(m, now)} THEN 'queued' WHEN {m}.locked_by = '{PARKED}' THEN 'parked' ELSE 'in_flight' END)"
+
+
 def now_or(param: str = "?") -> str:
     """The injected time bound at `param`, or the database's own clock when it is NULL."""
     return f"COALESCE({param}, {DB_NOW})"

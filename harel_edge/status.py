@@ -22,7 +22,7 @@ from harel_edge.inspection import (
     runner,
 )
 from harel_edge.limits import list_limits
-from harel_edge.schema import PARKED, EdgeNames, now_table, table_exists
+from harel_edge.schema import EdgeNames, lease_state, now_table, table_exists
 from harel_edge.schema_flow import FlowNames
 from harel_edge.settings import EdgeSettings
 
@@ -38,10 +38,7 @@ def _created_epoch(column: str) -> str:
 def queue_status(execute: Execute, prefix: str, top: int = 10) -> dict[str, Any]:
     """Depth by priority and routing key, the deepest groups, in flight, parked, the oldest message."""
     n = EdgeNames(prefix)
-    state = (
-        f"CASE WHEN m.locked_by IS NULL OR m.lock_expiry < t.now THEN 'queued'"
-        f" WHEN m.locked_by = '{PARKED}' THEN 'parked' ELSE 'in_flight' END"
-    )
+    state = lease_state("m", "t.now")
     clock = now_table()
     rows = execute(
         f"SELECT g.priority, g.routing_key, count(DISTINCT g.group_id), count(*),"
@@ -101,7 +98,7 @@ def flow_status(execute: Execute, prefix: str) -> dict[str, Any]:
     ((waiting, next_due),) = execute(
         f"SELECT count(*), min(m.lock_expiry) - t.now FROM {n.messages} m, {now_table()}"
         f" WHERE m.seq IN (SELECT min(seq) FROM {n.messages} GROUP BY group_id)"
-        f" AND m.locked_by = '{PARKED}' AND m.lock_expiry >= t.now"
+        f" AND {lease_state('m', 't.now')} = 'parked'"
     )
     limits = list_limits(execute, prefix) if table_exists(execute, FlowNames(prefix).limits) else []
     return {

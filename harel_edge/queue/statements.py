@@ -16,7 +16,7 @@ from pydantic_core import from_json
 from harel_edge.executor import Stmt
 from harel_edge.ids import refuse_nul
 from harel_edge.queue.messages import MAX_PRIORITY
-from harel_edge.schema import DB_NOW, PARKED, EdgeNames, dead_letters_table, now_or, now_table
+from harel_edge.schema import DB_NOW, PARKED, EdgeNames, dead_letters_table, is_free, now_or, now_table
 from harel_edge.schema_flow import FlowNames
 
 ACK_ROWS = 2000  # leases in one DELETE of `ack_many`: 3 parameters each
@@ -43,7 +43,7 @@ def claim_sql(
     index = n.routing_index if keyed else n.free_index
     head = f"JOIN {n.messages} m ON m.seq = (SELECT MIN(seq) FROM {n.messages} WHERE group_id = g.group_id)"
     # A parked or delayed head is locked until its time: the primary's clock (or the injected one) decides.
-    free = f"(m.locked_by IS NULL OR m.lock_expiry < {now})"
+    free = is_free("m", now)
     # With no limit set, one look at an empty table, made once for the statement.
     unlimited = f"NOT EXISTS (SELECT 1 FROM {FlowNames(n.prefix).limits})"
     allowed = f" AND ({unlimited} OR g.held_key IS NULL OR {allowance_sql(n, 'g.held_key', now)} > 0)" if limited else ""
@@ -115,7 +115,7 @@ def run_sql(n: EdgeNames, now: str, limited: bool) -> str:
         f"SELECT m.seq, m.group_id, pick.rank, pick.lk, 1, m.deliveries FROM pick JOIN {n.messages} m ON m.seq = pick.seq"
         f" UNION ALL SELECT m.seq, run.gid, run.rank, run.lk, run.k + 1, run.d FROM run JOIN {n.messages} m"
         f" ON m.seq = {follower}"
-        f" WHERE run.k < ?8 AND run.d = 0 AND (m.locked_by IS NULL OR m.lock_expiry < {now}){rated})"
+        f" WHERE run.k < ?8 AND run.d = 0 AND {is_free('m', now)}{rated})"
     )
 
 

@@ -46,7 +46,7 @@ class EventStore(Writing):
         run = self.path.runs.get(execution_id)
         if run is not None and run.known:
             return None if run.state is None else Execution.model_validate_json(run.state)
-        rows = await self._rows(f"SELECT data FROM {self._n.executions} WHERE id = ?", execution_id, operation="store.load")
+        rows = await self._rows(self._n.sql(store_sql.LOAD), execution_id, operation="store.load")
         return Execution.model_validate_json(rows[0][0]) if rows else None
 
     async def load_for_event(self, execution_id: str, event_id: str) -> tuple[Execution | None, bool]:
@@ -55,8 +55,7 @@ class EventStore(Writing):
             data, processed = run.state, run.processed.get(event_id, False)
         else:
             rows = await self._rows(
-                f"SELECT (SELECT data FROM {self._n.executions} WHERE id = ?),"
-                f" EXISTS(SELECT 1 FROM {self._n.processed_events} WHERE execution_id = ? AND event_id = ?)",
+                self._n.sql(store_sql.LOAD_FOR_EVENT),
                 execution_id,
                 execution_id,
                 event_id,
@@ -72,7 +71,7 @@ class EventStore(Writing):
         if run is not None and run.known and event_id in run.processed:
             return run.processed[event_id]
         rows = await self._rows(
-            f"SELECT 1 FROM {self._n.processed_events} WHERE execution_id = ? AND event_id = ?", execution_id, event_id
+            self._n.sql(store_sql.IS_PROCESSED), execution_id, event_id
         )
         return bool(rows)
 
@@ -82,21 +81,19 @@ class EventStore(Writing):
         return store_sql.listing_page(await self._rows(sql, *params, operation="store.list"), limit, off)
 
     async def read_trace(self, execution_id: str) -> list[dict]:
-        rows = await self._rows(f"SELECT idx, entry FROM {self._n.trace} WHERE execution_id = ? ORDER BY idx", execution_id)
+        rows = await self._rows(self._n.sql(store_sql.READ_TRACE), execution_id)
         return [{**json.loads(entry), "index": idx} for idx, entry in rows]
 
     async def pending_outbox(self) -> list[OutboxEntry]:
-        rows = await self._rows(f"SELECT seq, target_id, event FROM {self._n.outbox} ORDER BY seq")
+        rows = await self._rows(self._n.sql(store_sql.PENDING_OUTBOX))
         return [OutboxEntry(seq, target, Event.model_validate_json(event)) for seq, target, event in rows]
 
     async def pending_spawns(self) -> list[SpawnEntry]:
-        rows = await self._rows(f"SELECT seq, parent_id, child_id, root_path, context FROM {self._n.spawns} ORDER BY seq")
+        rows = await self._rows(self._n.sql(store_sql.PENDING_SPAWNS))
         return [SpawnEntry(seq, pid, cid, rp, json.loads(ctx)) for seq, pid, cid, rp, ctx in rows]
 
     async def due_timers(self, now: float) -> list[tuple[str, str, float]]:
-        rows = await self._rows(
-            f"SELECT execution_id, path, fire_at FROM {self._n.timers} WHERE fire_at <= ? ORDER BY fire_at", now
-        )
+        rows = await self._rows(self._n.sql(store_sql.DUE_TIMERS), now)
         return [(eid, p, fa) for eid, p, fa in rows]
 
     async def ids_with_prefix(self, prefix: str) -> list[str]:
@@ -145,14 +142,14 @@ class EventStore(Writing):
         await self.path.run("store.trace", attempt)
 
     async def ack_outbox(self, seq: int) -> None:
-        await self._rows(f"DELETE FROM {self._n.outbox} WHERE seq = ?", seq, operation="store.ack_outbox")
+        await self._rows(self._n.sql(store_sql.ACK_OUTBOX), seq, operation="store.ack_outbox")
 
     async def ack_spawn(self, seq: int) -> None:
-        await self._rows(f"DELETE FROM {self._n.spawns} WHERE seq = ?", seq, operation="store.ack_spawn")
+        await self._rows(self._n.sql(store_sql.ACK_SPAWN), seq, operation="store.ack_spawn")
 
     async def delete_timer(self, execution_id: str, path: str, fire_at: float) -> None:
         await self._rows(
-            f"DELETE FROM {self._n.timers} WHERE execution_id = ? AND path = ? AND fire_at = ?",
+            self._n.sql(store_sql.DELETE_TIMER),
             execution_id,
             path,
             fire_at,
@@ -161,11 +158,9 @@ class EventStore(Writing):
 
     async def purge(self, execution_id: str, expected_version: int) -> bool:
         n = self._n
-        # The delete of the row guards the rest: when it matched nothing, the guard fails the
-        # unit, and nothing else is deleted.
         stmts = [
-            Stmt(f"DELETE FROM {n.executions} WHERE id = ? AND version = ?", (execution_id, expected_version)),
-            Stmt("SELECT CASE WHEN changes() = 1 THEN 1 ELSE json('harel_edge: moved on') END"),
+            Stmt(n.sql(store_sql.PURGE_EXECUTION), (execution_id, expected_version)),
+            Stmt(store_sql.PURGE_GUARD),
             *[Stmt(n.sql(sql), (execution_id,)) for sql in store_sql.PURGE_COMPANIONS],
         ]
 
@@ -179,7 +174,7 @@ class EventStore(Writing):
             return True
 
         async def resolve() -> bool | None:
-            return True if not await self._rows(f"SELECT 1 FROM {n.executions} WHERE id = ?", execution_id) else None
+            return True if not await self._rows(n.sql(store_sql.EXISTS_EXECUTION), execution_id) else None
 
         return await self.path.run("store.purge", attempt, resolve)
 

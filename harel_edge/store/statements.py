@@ -14,6 +14,24 @@ TRACE_MAX = 200  # trace rows kept per execution, as harel's own stores keep
 
 IDS_WITH_PREFIX = "SELECT id FROM {executions} WHERE id LIKE ? ESCAPE '\\'"
 
+# The reads harel's store contract makes.
+LOAD = "SELECT data FROM {executions} WHERE id = ?"
+LOAD_FOR_EVENT = (
+    "SELECT (SELECT data FROM {executions} WHERE id = ?),"
+    " EXISTS(SELECT 1 FROM {processed_events} WHERE execution_id = ? AND event_id = ?)"
+)
+IS_PROCESSED = "SELECT 1 FROM {processed_events} WHERE execution_id = ? AND event_id = ?"
+READ_TRACE = "SELECT idx, entry FROM {trace} WHERE execution_id = ? ORDER BY idx"
+PENDING_OUTBOX = "SELECT seq, target_id, event FROM {outbox} ORDER BY seq"
+PENDING_SPAWNS = "SELECT seq, parent_id, child_id, root_path, context FROM {spawns} ORDER BY seq"
+DUE_TIMERS = "SELECT execution_id, path, fire_at FROM {timers} WHERE fire_at <= ? ORDER BY fire_at"
+EXISTS_EXECUTION = "SELECT 1 FROM {executions} WHERE id = ?"
+
+# The writes after a commit: harel's drivers settle what it left behind.
+ACK_OUTBOX = "DELETE FROM {outbox} WHERE seq = ?"
+ACK_SPAWN = "DELETE FROM {spawns} WHERE seq = ?"
+DELETE_TIMER = "DELETE FROM {timers} WHERE execution_id = ? AND path = ? AND fire_at = ?"
+
 # An execution's compare-and-set write: a new row, or the next version of the one at the base.
 INSERT_EXECUTION = "INSERT INTO {executions} (id, definition_id, data, version) VALUES (?, ?, ?, ?)"
 UPDATE_EXECUTION = "UPDATE {executions} SET data = ?, version = ? WHERE id = ? AND version = ?"
@@ -37,7 +55,10 @@ APPEND_TRACE = (
 )
 TRIM_TRACE = "DELETE FROM {trace} WHERE execution_id = ? AND idx <= (SELECT MAX(idx) FROM {trace} WHERE execution_id = ?) - ?"
 
-# What goes with an execution when it is purged (its row itself is deleted last, fenced).
+# A purge: the row, fenced on its version (the guard fails the unit when it matched nothing,
+# so nothing else is deleted), then what goes with it.
+PURGE_EXECUTION = "DELETE FROM {executions} WHERE id = ? AND version = ?"
+PURGE_GUARD = "SELECT CASE WHEN changes() = 1 THEN 1 ELSE json('harel_edge: moved on') END"
 PURGE_COMPANIONS = (
     "DELETE FROM {processed_events} WHERE execution_id = ?",
     "DELETE FROM {trace} WHERE execution_id = ?",
