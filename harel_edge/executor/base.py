@@ -70,6 +70,67 @@ class ExecutorClosedError(HarelEdgeError):
     """A unit of work was given to an executor after it was closed."""
 
 
+@dataclass
+class Unit:
+    """One caller's work in an executor's queue: one statement alone (`single`) or a transaction."""
+
+    future: asyncio.Future
+    single: bool
+    stmts: list[Stmt]
+    volatile: bool = False  # a claim's lease: a local commit of it alone need not wait for its fsync
+    build: Callable[[], list[Stmt]] | None = None  # a deferred unit's statements, made when it is sent
+    tail: bool = False  # a deferred unit, made: it runs after the others
+    alone: bool = False  # sent as its own request, never in a shared transaction
+    refused: int = 0  # shared transactions that could not begin: the primary's write lock was held
+
+    @property
+    def statements(self) -> int:
+        """0 for a single execute, else the transaction's statement count."""
+        return 0 if self.single else len(self.stmts)
+
+
+class Coalescing(ClosesOnce):
+    """What both executors share: callers' units queued while others are on their way, and one
+    drain at a time (`_drain`, each executor's own) taking them off in batches."""
+
+    def _start_queue(self) -> None:
+        self._queue: list[Unit] = []
+        self._draining = False
+        self._drain_task: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    def _submit(
+        self, stmts: list[Stmt], *, single: bool = False, volatile: bool = False, build: Callable[[], list[Stmt]] | None = None
+    ) -> asyncio.Future:
+        if self.closed:
+            raise ExecutorClosedError(f"{self!r} was closed: open a new transport or store to go on")
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append(Unit(future, single, stmts, volatile, build))
+        if not self._draining:
+            self._start_drain()
+        return future
+
+    def _start_drain(self) -> None:
+        self._draining = True
+        self._drain_task = self._spawn(self._drain())
+        self._drain_task.add_done_callback(self._drained)
+
+    def _drained(self, _task: asyncio.Task) -> None:
+        """A drain cancelled before it began leaves its units queued: another one sends them."""
+        self._draining = False
+        if self._queue:
+            self._start_drain()
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _drain(self) -> None:
+        raise NotImplementedError
+
+
 class Executor(Protocol):
     """Runs units of work for one profile's database.
 

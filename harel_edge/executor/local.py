@@ -12,17 +12,16 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from harel_edge.connection import EdgeConnection
 from harel_edge.executor.base import (
     CONSTRAINT,
-    ClosesOnce,
-    ExecutorClosedError,
+    Coalescing,
     Result,
     StatementError,
     Stmt,
+    Unit,
     built,
     waiting,
     with_one_tail,
@@ -52,17 +51,7 @@ def file_turn(path: str) -> threading.RLock:
         return _FILE_TURNS.setdefault(key, threading.RLock())
 
 
-@dataclass
-class _Unit:
-    stmts: list[Stmt]
-    single: bool
-    future: asyncio.Future
-    volatile: bool = False
-    build: Callable[[], list[Stmt]] | None = None  # a deferred unit's statements, made when it is committed
-    tail: bool = False  # a deferred unit, made: it runs after the others
-
-
-class LocalExecutor(ClosesOnce):
+class LocalExecutor(Coalescing):
     """Units of work for a local file; safe to use from many coroutines of one event loop."""
 
     commits_share_fsync = True
@@ -86,9 +75,7 @@ class LocalExecutor(ClosesOnce):
         self._owns_connection = connection is None
         self._max_units = max_units
         self._linger = settings.commit_linger if linger is None else linger
-        self._queue: list[_Unit] = []
-        self._draining = False
-        self._drain_task: asyncio.Task | None = None
+        self._start_queue()
         self._on_thread: asyncio.Future | None = None  # the commit running on the thread, if any
         self._turn = file_turn(settings.db_path)
         self.exchanges = 0  # commits made, for benchmarks and tests
@@ -118,28 +105,6 @@ class LocalExecutor(ClosesOnce):
             await asyncio.get_running_loop().run_in_executor(self._thread, self._connection.close)
         self._thread.shutdown(wait=True)
 
-    def _submit(
-        self, stmts: list[Stmt], *, single: bool, volatile: bool = False, build: Callable[[], list[Stmt]] | None = None
-    ) -> asyncio.Future:
-        if self.closed:
-            raise ExecutorClosedError(f"{self!r} was closed: open a new transport or store to go on")
-        future = asyncio.get_running_loop().create_future()
-        self._queue.append(_Unit(stmts, single, future, volatile, build))
-        if not self._draining:
-            self._start_drain()
-        return future
-
-    def _start_drain(self) -> None:
-        self._draining = True
-        self._drain_task = asyncio.get_running_loop().create_task(self._drain())
-        self._drain_task.add_done_callback(self._drained)
-
-    def _drained(self, _task: asyncio.Task) -> None:
-        """A drain cancelled before it began leaves its units queued: another one sends them."""
-        self._draining = False
-        if self._queue:
-            self._start_drain()
-
     async def _drain(self) -> None:
         """Commit what is queued until nothing is. Cancelled, it still answers the units it took,
         sends those queued behind them, then ends cancelled: no caller is left waiting."""
@@ -165,7 +130,7 @@ class LocalExecutor(ClosesOnce):
         if cancelled:
             raise asyncio.CancelledError
 
-    async def _send(self, loop: asyncio.AbstractEventLoop, units: list[_Unit]) -> None:
+    async def _send(self, loop: asyncio.AbstractEventLoop, units: list[Unit]) -> None:
         """Commit `units` and answer them. A lone, short unit runs on the loop's thread: libsql holds
         the GIL for all of a call, so a thread would only add a hand-off; anything more on a thread
         (docs/executor.md, "A local file: which units go to a thread"). The commit answers its
@@ -210,7 +175,7 @@ class LocalExecutor(ClosesOnce):
             self._connection = EdgeConnection(self.settings)
         work(self._connection)
 
-    def _run(self, connection: EdgeConnection, units: list[_Unit]) -> list[Any]:
+    def _run(self, connection: EdgeConnection, units: list[Unit]) -> list[Any]:
         """One commit of `units` on `connection`, skipping its fsync when every unit in it is
         volatile (see `EdgeConnection.skip_fsync`)."""
         raw = connection.raw
@@ -222,7 +187,7 @@ class LocalExecutor(ClosesOnce):
             with connection.skip_fsync() if volatile else contextlib.nullcontext():
                 return self._commit(raw, units)
 
-    def _commit(self, raw: Any, units: list[_Unit]) -> list[Any]:
+    def _commit(self, raw: Any, units: list[Unit]) -> list[Any]:
         """One transaction, a savepoint a unit (a lone unit needs none, and a lone statement is
         its own transaction: fewer statements, same commit). A unit that ends the transaction
         itself (`INSERT OR ROLLBACK`, `RAISE(ROLLBACK)`) gets its error; the others go again without it."""
@@ -236,7 +201,7 @@ class LocalExecutor(ClosesOnce):
             if outcomes is not None:
                 return [o if isinstance(o, Exception) or not u.single else o[0] for o, u in zip(outcomes, units, strict=True)]
 
-    def _try_commit(self, raw: Any, units: list[_Unit], ended: dict[int, StatementError]) -> list[Any] | None:
+    def _try_commit(self, raw: Any, units: list[Unit], ended: dict[int, StatementError]) -> list[Any] | None:
         """The units not in `ended`, committed together; None (with `ended` grown by one) when a
         unit rolled the transaction back, undoing the units before it."""
         raw.execute("BEGIN IMMEDIATE")
@@ -283,7 +248,7 @@ class _Once:
             return True
 
 
-def _settle(units: list[_Unit], outcomes: list[Any]) -> None:
+def _settle(units: list[Unit], outcomes: list[Any]) -> None:
     for unit, outcome in zip(units, outcomes, strict=True):
         if unit.future.done():
             continue
@@ -293,7 +258,7 @@ def _settle(units: list[_Unit], outcomes: list[Any]) -> None:
             unit.future.set_result(outcome)
 
 
-def _run_alone(raw: Any, unit: _Unit) -> Any:
+def _run_alone(raw: Any, unit: Unit) -> Any:
     if unit.single:
         try:
             return _run_one(raw, unit.stmts[0], 0)
@@ -315,7 +280,7 @@ def _run_alone(raw: Any, unit: _Unit) -> Any:
     return results
 
 
-def _run_with_tail(raw: Any, unit: _Unit, tail: _Unit) -> list[Any]:
+def _run_with_tail(raw: Any, unit: Unit, tail: Unit) -> list[Any]:
     """`unit` and the one statement of the deferred `tail` in one transaction: a tail that fails
     undoes only itself (a statement's own atomicity), a unit that fails undoes both."""
     raw.execute("BEGIN IMMEDIATE")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -16,11 +15,12 @@ import structlog
 from harel_edge import observability
 from harel_edge.errors import PrimaryUnavailableError
 from harel_edge.executor.base import (
-    ClosesOnce,
+    Coalescing,
     ExecutorClosedError,
     Result,
     StatementError,
     Stmt,
+    Unit,
     built,
     waiting,
     with_one_tail,
@@ -52,30 +52,15 @@ def exchanges_for(events: int, units: int) -> int:
     return max(2, math.ceil(2 * events / units))
 
 
-@dataclass
-class _Unit:
-    future: asyncio.Future
-    single: bool  # one statement executed on its own, not a transaction
-    stmts: list[Stmt]
-    alone: bool = False  # sent as its own request, never in a shared transaction
-    build: Callable[[], list[Stmt]] | None = None  # a deferred unit's statements, made when it is sent
-    tail: bool = False  # a deferred unit, made: it runs after the others
-    refused: int = 0  # shared transactions that could not begin: the primary's write lock was held
-
-    @property
-    def statements(self) -> int:
-        """0 for a single execute, else the transaction's statement count."""
-        return 0 if self.single else len(self.stmts)
-
-    def request(self) -> dict[str, Any]:
-        """The unit as a request of its own, encoded only when it goes alone: most units share
-        a transaction (`grouped_batch`), which encodes their statements itself."""
-        if self.single:
-            return {"type": "execute", "stmt": stmt_json(self.stmts[0])}
-        return transaction_request(self.stmts)
+def _request(unit: Unit) -> dict[str, Any]:
+    """A unit as a request of its own, encoded only when it goes alone: most units share a
+    transaction (`grouped_batch`), which encodes their statements itself."""
+    if unit.single:
+        return {"type": "execute", "stmt": stmt_json(unit.stmts[0])}
+    return transaction_request(unit.stmts)
 
 
-class HranaExecutor(ClosesOnce):
+class HranaExecutor(Coalescing):
     """Units of work for a remote primary; safe to use from many coroutines of one event loop.
 
     Up to `max_requests` exchanges in flight (2 by default, raised by `make_room` up to what
@@ -104,11 +89,8 @@ class HranaExecutor(ClosesOnce):
         self._max_units = max_units
         self._linger = settings.commit_linger if linger is None else linger
         self._slots = asyncio.Semaphore(self._max_requests)
-        self._queue: list[_Unit] = []
-        self._draining = False
-        self._drain_task: asyncio.Task | None = None
+        self._start_queue()
         self._in_flight = 0
-        self._tasks: set[asyncio.Task] = set()
 
     def __repr__(self) -> str:  # never the token
         return f"<HranaExecutor {self.where}>"
@@ -142,34 +124,6 @@ class HranaExecutor(ClosesOnce):
 
     # ---- coalescing --------------------------------------------------------------------------
 
-    def _submit(
-        self, stmts: list[Stmt], *, single: bool = False, build: Callable[[], list[Stmt]] | None = None
-    ) -> asyncio.Future:
-        if self.closed:
-            raise ExecutorClosedError(f"{self!r} was closed: open a new transport or store to go on")
-        future = asyncio.get_running_loop().create_future()
-        self._queue.append(_Unit(future, single, stmts, build=build))
-        if not self._draining:
-            self._start_drain()
-        return future
-
-    def _start_drain(self) -> None:
-        self._draining = True
-        self._drain_task = self._spawn(self._drain())
-        self._drain_task.add_done_callback(self._drained)
-
-    def _drained(self, _task: asyncio.Task) -> None:
-        """A drain cancelled before it began leaves its units queued: another one sends them."""
-        self._draining = False
-        if self._queue:
-            self._start_drain()
-
-    def _spawn(self, coro: Any) -> asyncio.Task:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
     async def _drain(self) -> None:
         """Start exchanges while units wait, at most `max_requests` at once. Cancelled, it still
         sends what is queued (its callers wait for it), then ends cancelled."""
@@ -197,7 +151,7 @@ class HranaExecutor(ClosesOnce):
         if cancelled:
             raise asyncio.CancelledError
 
-    async def _exchange(self, units: list[_Unit]) -> None:
+    async def _exchange(self, units: list[Unit]) -> None:
         """Several units with a write among them share one transaction (one commit on the
         primary); otherwise each unit is a request of its own in the exchange."""
         paired = with_one_tail(units) and units[0].statements > 0 and not any(u.alone for u in units)
@@ -221,7 +175,7 @@ class HranaExecutor(ClosesOnce):
                     )
                 results = results[-1:]
             else:
-                results = await self.post([u.request() for u in units])
+                results = await self.post([_request(u) for u in units])
         except BaseException as exc:
             error = exc if isinstance(exc, Exception) else PrimaryUnavailableError(
                 f"the request to the primary at {self.where} was cancelled in flight; its outcome "
@@ -250,7 +204,7 @@ class HranaExecutor(ClosesOnce):
             except Exception as exc:  # noqa: BLE001 - handed to the unit's caller
                 unit.future.set_exception(exc)
 
-    async def _settle_together(self, units: list[_Unit], answer: dict[str, Any], layout: list[tuple[int, int]]) -> None:
+    async def _settle_together(self, units: list[Unit], answer: dict[str, Any], layout: list[tuple[int, int]]) -> None:
         """Each unit's answer from the shared transaction; those it never ran go again alone.
         The claim carried at the tail is answered first (its leases start sooner), then the others
         `SETTLE_SLICE` at a time, a turn of the loop between slices: no turn wakes every caller."""
@@ -285,7 +239,7 @@ class HranaExecutor(ClosesOnce):
             for unit, outcome in pairs[start : start + SETTLE_SLICE]:
                 _settle(unit, outcome)
 
-    async def _again_together(self, units: list[_Unit], tries: int) -> None:
+    async def _again_together(self, units: list[Unit], tries: int) -> None:
         """Queue `units` again, as one group, after a pause: their transaction did not begin (the
         primary's write lock was held, `tries` times now), so none of them ran."""
         for unit in units:
@@ -306,7 +260,7 @@ class HranaExecutor(ClosesOnce):
         if not self._draining:
             self._start_drain()
 
-    def _settle_with_tail(self, unit: _Unit, tail: _Unit, answer: dict[str, Any]) -> None:
+    def _settle_with_tail(self, unit: Unit, tail: Unit, answer: dict[str, Any]) -> None:
         """The answer of `transaction_request` with a tail: the unit's results or error, and the tail's (none
         when the unit failed, since it did not run)."""
         n = len(unit.stmts)
@@ -343,7 +297,7 @@ class HranaExecutor(ClosesOnce):
         """One HTTP exchange (`PrimaryHttp.post`), for a stream of this executor."""
         return await self.http.post(requests, stream=stream)
 
-def _settle(unit: _Unit, outcome: Any) -> None:
+def _settle(unit: Unit, outcome: Any) -> None:
     """Hand a unit's caller its outcome from a shared transaction (none if it went again alone)."""
     if unit.future.done() or outcome is NOT_RUN:
         return
