@@ -123,7 +123,7 @@ class Backoff:
 # A grouped transaction whose BEGIN did not get the primary's write lock (sqld refuses writers at
 # once while it checkpoints: docs/operations.md) goes again whole after this; after `tries` its
 # units go one a request. Sent apart at once, they all met the same checkpoint, one transaction
-# (and one fsync) each. 1.65 s of pauses in all: a checkpoint of 5 s of a busy primary's writes took 0.4 s.
+# (and one fsync) each; the pauses add up to more than a busy primary's checkpoint takes (docs/executor.md).
 WRITE_LOCK_HELD = Backoff(0.01, 0.1, tries=20)
 # A worker's loop that ended on an error (harel's loop ends at its first) starts again after this.
 LOOP_FAILED = Backoff(0.5, 10.0)

@@ -12,7 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-MINIMUM = 64  # below it, commits share exchanges and fsyncs poorly: a worker next to its primary lost 17 % (docs/tuning.md)
+MINIMUM = 64  # below it, commits share exchanges and fsyncs poorly next to the primary (docs/tuning.md)
 BASE_PERIOD = 10.0  # seconds the fastest latency seen counts as the link's own, before it is measured again
 SMOOTHING = 0.1  # weight of each new latency in the running one
 TOLERANCE = 3.0  # latency, as a multiple of the base, up to which the window grows

@@ -38,8 +38,8 @@ from harel_edge.worker_loops import EdgeAsyncWorker, restarting, wait_ended
 
 # A claim hands out many leases without waiting. Toward a primary the worker starts them 8 at a
 # time, giving the loop a turn in between: their commits leave sooner and no turn of the loop
-# runs hundreds of transitions. Where commits share an fsync (a local file) it starts them all
-# (measured: 8 at a time cost the local worker about 15 %).
+# runs hundreds of transitions. Where commits share an fsync (a local file) it starts them all,
+# so that they share it (docs/tuning.md).
 LAUNCH_SLICE = 8
 # Python's default (700, 10, 10) collects an event's objects while it waits for the primary and
 # promotes them, so full collections come often: measured in docs/tuning.md.

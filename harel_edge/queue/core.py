@@ -127,7 +127,7 @@ class EventTransport(Publishing, Settling, DeadLetters):
     async def _wait_for_carried_claims(self, wanted: tuple) -> None:
         """With nothing buffered, wait for the claims commits carry before claiming alone: a
         claim of its own would hold up the worker's next launch for a round trip while those
-        claims' leases arrive and wait in the buffer (1.2 s of a 3 s drain, measured at 100 ms)."""
+        claims' leases arrive and wait in the buffer (docs/tuning.md)."""
         while self._tails and not (self._buffer and self._buffer_for == wanted):
             await asyncio.wait(list(self._tails), return_when=asyncio.FIRST_COMPLETED)
 
