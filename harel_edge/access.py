@@ -54,7 +54,7 @@ def probe(settings: EdgeSettings) -> Statements:
     `AuthError` tells a refused token from an unreachable primary, which a replica's sync cannot."""
     primary = Statements(primary_settings(settings))
     try:
-        primary.execute("SELECT 1")
+        primary.execute_once("SELECT 1")
     except BaseException:
         primary.close()
         raise

@@ -9,8 +9,6 @@ import math
 import os
 import secrets
 import socket
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -386,25 +384,3 @@ class ExplicitSettings(EdgeSettings):
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, *args, **kwargs):  # type: ignore[override]
         return (init_settings,)
-
-
-def settings_for_database(
-    database: str | Path,
-    auth_token: str,
-    sync_url: str | None,
-    sync_interval: float | None,
-    prefix: str,
-    routing_keys: Sequence[str],
-) -> EdgeSettings:
-    """The settings for the arguments harel's own transports take (a path, a URL, a sync URL)."""
-    database = str(database)
-    values: dict[str, Any] = {"prefix": prefix, "routing_keys": tuple(routing_keys)}
-    if auth_token:
-        values["auth_token"] = auth_token
-    if sync_url is not None:
-        values.update(profile="replica", db_path=database, sync_url=sync_url, sync_interval=sync_interval)
-    elif is_url(database):
-        values.update(profile="sqld", url=database)
-    else:
-        values.update(profile="local", db_path=database)
-    return ExplicitSettings.load(**values)

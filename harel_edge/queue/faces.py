@@ -19,7 +19,8 @@ from harel_edge.queue.core import EventTransport
 from harel_edge.queue.leases import Clock, EventPath
 from harel_edge.queue.messages import Message
 from harel_edge.schema_step import prepare
-from harel_edge.settings import EdgeSettings, settings_for_database
+from harel_edge.server_url import is_url
+from harel_edge.settings import EdgeSettings, ExplicitSettings
 
 GIVE_BACK_SECONDS = 2.0  # how long a closing transport tries to give back the leases it claimed ahead
 
@@ -44,7 +45,7 @@ class AsyncLibsqlTransport(EventTransport):
     ) -> AsyncLibsqlTransport:
         """Open the transport `database` names (a file, a server URL, or a replica's file with
         `sync_url`), without blocking the loop."""
-        settings = settings_for_database(database, auth_token, sync_url, sync_interval, prefix, routing_keys)
+        settings = _settings_for(database, auth_token, sync_url, sync_interval, prefix, routing_keys)
         return await cls.from_settings(settings, clock, create_schema=create_schema, max_deliveries=max_deliveries)
 
     @classmethod
@@ -108,7 +109,7 @@ class LibsqlTransport(SyncFace):
         """`database` is a file (local), a server URL (sqld), or the replica's file with
         `sync_url` (replica); or pass `settings`. `clock=None` uses the database's clock."""
         if settings is None:
-            settings = settings_for_database(database, auth_token, sync_url, sync_interval, prefix, routing_keys)
+            settings = _settings_for(database, auth_token, sync_url, sync_interval, prefix, routing_keys)
         self.settings = settings
         opener = AsyncLibsqlTransport.from_settings(
             settings, clock, create_schema=create_schema, max_deliveries=max_deliveries
@@ -181,3 +182,25 @@ class LibsqlTransport(SyncFace):
     def execute(self, statement: str, params: Sequence[Any] = ()) -> list[tuple]:
         """One statement of the caller's through this transport's executor (inspection, tools)."""
         return self._call(self.core.execute(statement, params))
+
+
+def _settings_for(
+    database: str | Path,
+    auth_token: str,
+    sync_url: str | None,
+    sync_interval: float | None,
+    prefix: str,
+    routing_keys: Sequence[str],
+) -> EdgeSettings:
+    """The settings for the arguments harel's own transports take (a path, a URL, a sync URL)."""
+    database = str(database)
+    values: dict[str, Any] = {"prefix": prefix, "routing_keys": tuple(routing_keys)}
+    if auth_token:
+        values["auth_token"] = auth_token
+    if sync_url is not None:
+        values.update(profile="replica", db_path=database, sync_url=sync_url, sync_interval=sync_interval)
+    elif is_url(database):
+        values.update(profile="sqld", url=database)
+    else:
+        values.update(profile="local", db_path=database)
+    return ExplicitSettings.load(**values)

@@ -145,3 +145,4 @@ def test_a_fork_from_step_two_of_a_finished_workflow_runs_two_onwards_again_and_
             await durable.database.aclose()
 
     asyncio.run(scenario())
+

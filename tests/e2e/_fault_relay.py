@@ -154,8 +154,8 @@ class FaultyRelay:
 
 
 def _lock_refused(requests: list[dict]) -> dict:
-    """sqld's answer to a pipeline whose batch could not begin: its first step (BEGIN IMMEDIATE)
-    failed for the write lock, and every later step's condition kept it from running."""
+    """sqld's answer to a pipeline that met the write lock: a batch's first step (BEGIN IMMEDIATE)
+    failed and every later step's condition kept it from running; a statement alone failed."""
     busy = {"message": "SQLite error: database is locked", "code": "SQLITE_BUSY"}
     results = []
     for request in requests:
@@ -163,6 +163,8 @@ def _lock_refused(requests: list[dict]) -> dict:
             steps = len(request["batch"]["steps"])
             result = {"step_results": [None] * steps, "step_errors": [busy] + [None] * (steps - 1)}
             results.append({"type": "ok", "response": {"type": "batch", "result": result}})
+        elif request["type"] == "execute":  # a statement alone meets the checkpoint as sqld answers it
+            results.append({"type": "error", "error": busy})
         else:
             results.append({"type": "ok", "response": {"type": request["type"]}})
     return {"baton": None, "results": results}

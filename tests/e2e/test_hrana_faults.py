@@ -412,3 +412,23 @@ def test_a_shared_transaction_refused_past_its_tries_goes_again_one_transaction_
     assert transactions == 12  # as after any shared transaction that ended before its units ran
     assert [[r.affected for r in result] for result in results] == [[1]] * 12
     assert keys == list(range(12))
+
+
+def test_an_operators_command_that_meets_the_primarys_write_lock_goes_again_instead_of_failing(sqld_primary, relay):
+    """sqld refuses a writer at once while it checkpoints (SQLITE_BUSY): a command such as
+    `workflows cancel`, run while workers are busy, waits it out under the retry policy."""
+    from harel_edge.workflow_control import cancel_workflow
+
+    settings = _settings(sqld_primary, relay.url)
+    migrate_schema(settings)
+
+    async def queued() -> None:
+        database = connect(settings)
+        await LibsqlScheduler(database, namespace="ops").make_ready("locked-out")
+        await database.aclose()
+
+    asyncio.run(queued())
+    relay.arm("write lock held", when=f"{settings.prefix}_workflow_cancel")
+    change = cancel_workflow(settings, "locked-out")
+    assert relay.fired == ["write lock held"]
+    assert (change.before, change.after, change.changed) == ("ready", "cancelled", True)
