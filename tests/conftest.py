@@ -55,3 +55,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if short_items:
             ordered.append(short_items.pop(0))
     items[:] = ordered + short_items
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_structlog_leaves_it():
+    """A test that sets up logging (a command run in this process configures structlog at the
+    warning level) must not decide what the next test's `capture_logs` sees."""
+    import structlog
+
+    yield
+    structlog.reset_defaults()
