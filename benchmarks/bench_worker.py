@@ -85,7 +85,10 @@ class Probe:
             now = time.perf_counter()
             self.depths.append((now, left))
             if self.started is None and left < self.total:
-                self.started, self.left_at_start = now, left
+                # From the last poll that saw nothing handled: a fast drain (a local file) can
+                # be over before the poll after its first event, and would count as no rate.
+                self.started = self.depths[-2][0] if len(self.depths) > 1 else now
+                self.left_at_start = self.total
             if left == 0:
                 self.ended = now
                 break
