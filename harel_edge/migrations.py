@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harel_edge import schema, schema_control, schema_flow, schema_harel
+from harel_edge import schema, schema_control, schema_durable, schema_flow, schema_harel
 from harel_edge.errors import SchemaTooNewError
 from harel_edge.executor import Stmt
 from harel_edge.schema import DEFAULT_PREFIX
@@ -41,14 +41,14 @@ VERSIONS: tuple[Version, ...] = (
     Version(
         5,
         "routing keys; one-statement publish and ack; the durable stores",
-        schema.durable_v5,
+        schema_durable.durable_v5,
         schema.routing_v5,
         lambda prefix: [schema.EdgeNames(prefix).publish_view],
     ),
     Version(
         6,
         "claim-time round-robin, idempotent publish, dead letters, scheduler generations",
-        schema.durable_v6,
+        schema_durable.durable_v6,
         lambda prefix: [*schema.claim_times_v6(prefix), *schema.publish_once_v6(prefix), *schema.dead_letters_v6(prefix)],
         lambda prefix: [schema.EdgeNames(prefix).claim_trigger],
     ),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harel_edge.schema import DEFAULT_PREFIX, QUEUE_BUMP, EdgeNames, dead_letters_table
+from harel_edge.schema_durable import DISCARD_BODY, RAISE_FENCE
 
 RESULT = "$result"  # the record of a finished workflow's return value (the runtime writes it)
 # A workflow's states, in the order the rule below tests them.
@@ -100,12 +101,7 @@ def workflow_info_v10() -> list[str]:
         " END",
         "DROP TRIGGER workflow_discard_insert",
         "CREATE TRIGGER workflow_discard_insert_v10 INSTEAD OF INSERT ON workflow_discard BEGIN"
-        " DELETE FROM workflow_checkpoint WHERE workflow = NEW.workflow;"
-        " INSERT INTO workflow_claim (workflow, token, held_until, alive_until, alive_for)"
-        " VALUES (NEW.workflow, 1, NEW.at, NEW.at, 0)"
-        " ON CONFLICT (workflow) DO UPDATE SET token = token + 1,"
-        " held_until = MIN(held_until, excluded.held_until), alive_until = MIN(alive_until, excluded.alive_until);"
-        " DELETE FROM workflow_queue WHERE namespace = NEW.namespace AND workflow = NEW.workflow;"
+        f" {DISCARD_BODY}"
         " DELETE FROM workflow_info WHERE workflow = NEW.workflow AND NEW.namespace IS NOT NULL;"
         " END",
     ]
@@ -116,12 +112,6 @@ def workflow_control_v10(prefix: str = DEFAULT_PREFIX) -> list[str]:
     (`workflow_state`), the trigger acts only where the command applies, RETURNING says what it found."""
     n = ControlNames(prefix)
     dl = dead_letters_table(prefix)
-    raise_fence = (
-        " INSERT INTO workflow_claim (workflow, token, held_until, alive_until, alive_for)"
-        " VALUES (NEW.workflow, 1, NEW.at, NEW.at, 0)"
-        " ON CONFLICT (workflow) DO UPDATE SET token = token + 1,"
-        " held_until = MIN(held_until, excluded.held_until), alive_until = MIN(alive_until, excluded.alive_until);"
-    )
     return [
         f"INSERT OR IGNORE INTO workflow_info (workflow, namespace)"
         f" SELECT workflow, namespace FROM {dl} WHERE kind = 'workflow' ORDER BY id",
@@ -134,7 +124,7 @@ def workflow_control_v10(prefix: str = DEFAULT_PREFIX) -> list[str]:
         f" VALUES (NEW.workflow, {known_namespace('NEW.workflow', dl)}, NEW.at)"
         " ON CONFLICT (workflow) DO UPDATE SET cancelled_at = excluded.cancelled_at,"
         " namespace = COALESCE(namespace, excluded.namespace);"
-        f"{raise_fence}"
+        f" {RAISE_FENCE}"
         " DELETE FROM workflow_queue WHERE workflow = NEW.workflow;"
         f" DELETE FROM {dl} WHERE kind = 'workflow' AND workflow = NEW.workflow;"
         " END",
