@@ -183,27 +183,21 @@ def create_app(settings: EdgeSettings, *, write: bool = False, hosts: Iterable[s
         return RedirectResponse("/dead-letters", status_code=303)
 
     def control(command: str) -> Callable:
+        """The endpoint that cancels, resumes or forks the workflow its form names, and says what changed."""
+
         async def endpoint(request: Request) -> Response:
-            return await controlled(request, command)
+            fields = await posted(request, command)
+            workflow = fields.get("id", "")
+            args = (fields.get("step", ""), fields.get("new_id") or None) if command == "fork" else ()
+            try:
+                change = await run_in_threadpool(getattr(workflow_control, f"{command}_workflow"), settings, workflow, *args)
+            except NotFoundError as exc:
+                return page("missing.html", 404, what="workflow", missing=workflow, problem=str(exc))
+            except ConfigurationError as exc:
+                return page("problem.html", 409, title=f"The {command} was refused", problem=str(exc))
+            return page("changed.html", change=change)
 
         return endpoint
-
-    async def controlled(request: Request, command: str) -> Response:
-        """Cancel, resume or fork the workflow the form names; the answer says what changed."""
-        fields = await posted(request, command)
-        workflow = fields.get("id", "")
-        if command == "fork":
-            new_id = fields.get("new_id") or None
-            call = lambda: workflow_control.fork_workflow(settings, workflow, fields.get("step", ""), new_id)  # noqa: E731
-        else:
-            call = lambda: getattr(workflow_control, f"{command}_workflow")(settings, workflow)  # noqa: E731
-        try:
-            change = await run_in_threadpool(call)
-        except NotFoundError as exc:
-            return page("missing.html", 404, what="workflow", missing=workflow, problem=str(exc))
-        except ConfigurationError as exc:
-            return page("problem.html", 409, title=f"The {command} was refused", problem=str(exc))
-        return page("changed.html", change=change)
 
     routes = [
         Route("/", overview),

@@ -12,8 +12,8 @@ from harel_edge.schema import DEFAULT_PREFIX, QUEUE_BUMP, EdgeNames, dead_letter
 from harel_edge.schema_durable import DISCARD_BODY, RAISE_FENCE
 
 RESULT = "$result"  # the record of a finished workflow's return value (the runtime writes it)
-# A workflow's states, in the order the rule below tests them.
-STATES = ("cancelled", "finished", "running", "sleeping", "ready", "dead", "waiting")
+# A workflow's states, in the order a person reads them (`workflow_state` decides between them).
+STATES = ("ready", "sleeping", "running", "waiting", "finished", "dead", "cancelled")
 CANCELLED = "EXISTS (SELECT 1 FROM workflow_info x WHERE x.workflow = {w} AND x.cancelled_at IS NOT NULL)"
 
 

@@ -16,11 +16,8 @@ from harel_edge.errors import ConfigurationError
 from harel_edge.inspection import Execute
 from harel_edge.limits import UNITS
 from harel_edge.schema import dead_letters_table, now_table, table_exists
-from harel_edge.schema_control import known_namespace, workflow_state
+from harel_edge.schema_control import STATES, known_namespace, workflow_state
 from harel_edge.settings import EdgeSettings
-
-# schema_control.STATES in the order a person reads them
-STATES = ("ready", "sleeping", "running", "waiting", "finished", "dead", "cancelled")
 
 
 @dataclass(frozen=True)

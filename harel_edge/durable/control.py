@@ -7,7 +7,6 @@ Why a cancel is a raised fence, and what each command does to each state: docs/d
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -21,8 +20,6 @@ COMMANDS = ("cancel", "resume", "fork")
 # Where each command applies; elsewhere it changes nothing and says so.
 CANCELS = ("running", "sleeping", "ready", "dead", "waiting")
 RESUMES = ("cancelled", "dead")
-
-Execute = Callable[..., list[tuple]]
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,19 @@ class Stores:
         return rows[0][0] if rows else None
 
 
+def settings_for(profile: str, request: pytest.FixtureRequest, tmp_path) -> EdgeSettings:  # noqa: ANN001
+    """Settings for `profile`: a file of this test's own, or the session's sqld primary (directly or
+    through an embedded replica)."""
+    if profile == "local":
+        return EdgeSettings(db_path=str(tmp_path / "durable.db"))
+    primary = request.getfixturevalue("sqld_primary")
+    if profile == "sqld":
+        return EdgeSettings(profile="sqld", url=primary.http_url, auth_token=primary.rw_token)
+    return EdgeSettings(
+        profile="replica", sync_url=primary.http_url, auth_token=primary.rw_token, db_path=str(tmp_path / "r.db")
+    )
+
+
 async def open_stores(settings: EdgeSettings, **scheduler: object) -> Stores:
     """Both stores on one migrated Database, both on one hand-moved clock."""
     clock = Clock()

@@ -7,22 +7,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from behaviours import ALL, Behaviour, open_stores
-
-from harel_edge.settings import EdgeSettings
+from behaviours import ALL, Behaviour, open_stores, settings_for
 
 PROFILES = ["local", pytest.param("sqld", marks=pytest.mark.sqld), pytest.param("replica", marks=pytest.mark.sqld)]
-
-
-def settings_for(profile: str, request: pytest.FixtureRequest, tmp_path) -> EdgeSettings:  # noqa: ANN001
-    if profile == "local":
-        return EdgeSettings(db_path=str(tmp_path / "durable.db"))
-    primary = request.getfixturevalue("sqld_primary")
-    if profile == "sqld":
-        return EdgeSettings(profile="sqld", url=primary.http_url, auth_token=primary.rw_token)
-    return EdgeSettings(
-        profile="replica", sync_url=primary.http_url, auth_token=primary.rw_token, db_path=str(tmp_path / "r.db")
-    )
 
 
 @pytest.mark.parametrize("profile", PROFILES)

@@ -9,6 +9,7 @@ import threading
 from datetime import timedelta
 
 import pytest
+from behaviours import settings_for
 
 from harel_edge.durable import LibsqlCheckpointer, LibsqlDurable, LibsqlScheduler, connect, migrate
 from harel_edge.durable.runtime import Cancelled, DurableWorker, Finished
@@ -18,17 +19,6 @@ from harel_edge.workflows import list_workflows, show_workflow
 
 PROFILES = ["local", pytest.param("sqld", marks=pytest.mark.sqld), pytest.param("replica", marks=pytest.mark.sqld)]
 STEPS = ("one", "two", "three", "four")
-
-
-def settings_for(profile: str, request: pytest.FixtureRequest, tmp_path) -> EdgeSettings:  # noqa: ANN001
-    if profile == "local":
-        return EdgeSettings(db_path=str(tmp_path / "durable.db"))
-    primary = request.getfixturevalue("sqld_primary")
-    if profile == "sqld":
-        return EdgeSettings(profile="sqld", url=primary.http_url, auth_token=primary.rw_token)
-    return EdgeSettings(
-        profile="replica", sync_url=primary.http_url, auth_token=primary.rw_token, db_path=str(tmp_path / "r.db")
-    )
 
 
 async def opened(settings: EdgeSettings, namespace: str) -> LibsqlDurable:
