@@ -22,7 +22,7 @@ from harel.spec.states import Event
 
 from harel_edge import logs
 from harel_edge.executor import open_executor
-from harel_edge.queue import EventPath, EventTransport, LibsqlTransport, Message
+from harel_edge.queue import EventTransport, LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
 
 
@@ -46,7 +46,7 @@ async def edge_rate(db: Path, groups: int, per_group: int, n: int) -> float:
         Message(f"g{g}", Event(kind=f"e{i}")) for g in range(groups) for i in range(per_group)
     )
     executor = open_executor(settings)
-    transport = EventTransport(EventPath(executor, settings))
+    transport = EventTransport(executor, settings)
     started, done = time.perf_counter(), 0
     try:
         while True:

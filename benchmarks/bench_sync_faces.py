@@ -7,7 +7,7 @@
     (a real sqld on loopback, no added delay); each remote rate as a ratio of the local one.
     Rounds interleave the profiles; medians. A peer row: the same worker on harel 0.9's own
     `LibsqlStore` + `LibsqlTransport` on a local file (its ratio is to the faces apart). The faces
-    apart (`EdgeStore(settings)`, an executor each) and paired (`EdgeStore(transport=t)`: the
+    apart (`EdgeStore(settings)`, an executor each) and paired (`LibsqlTransport(..., pair_with_store=True)` and `EdgeStore(transport=t)`: the
     store on the transport's core, its claims bring the execution, its commit carries the ack).
 (b) three spawned replica processes drain `--messages` messages (`bench_replica_drain.py`):
     harel 0.9's `LibsqlTransport` against the sync `LibsqlTransport`, the same claim + ack loop,
@@ -75,7 +75,7 @@ def drain_worker(store, transport, definitions, count_done, execution: str) -> t
 def edge_worker(settings, orders: int, definitions, execution: str, paired: bool) -> tuple[float, int, int]:  # noqa: ANN001
     """`paired`: the store on the transport's core (`EdgeStore(transport=...)`), else apart."""
     executions, events = orders_and_events(orders)
-    with LibsqlTransport(settings=settings) as transport, (
+    with LibsqlTransport(settings=settings, pair_with_store=paired) as transport, (
         EdgeStore(transport=transport) if paired else EdgeStore(settings)
     ) as store:
         for exe in executions:

@@ -5,6 +5,9 @@ The one module that uses tenacity; what it decides and why: docs/operations.md (
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -129,6 +132,28 @@ WRITE_LOCK_HELD = Backoff(0.01, 0.1, tries=20)
 LOOP_FAILED = Backoff(0.5, 10.0)
 # The durable worker's look for ready workflows failed (the primary unreachable): looks again after this.
 TAKE_FAILED = Backoff(0.1, 5.0)
+LOOP_FORGETS_AFTER = 60.0  # a loop that ran this long before failing starts its pauses again from the first
+
+
+async def pause_or_stop(reason: Backoff, failures: int, stop: asyncio.Event | None) -> None:
+    """Wait `reason`'s pause after `failures` failures in a row, or until `stop` is set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for((stop or asyncio.Event()).wait(), reason.pause(failures))
+
+
+async def restarting(name: str, run: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
+    """Run `run()` until it returns or `stop` is set; when it fails, log it and start it again
+    after LOOP_FAILED's pause: harel's loop ends at its first error, a worker outlives the primary."""
+    failures = 0
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            await run()
+            return
+        except Exception as exc:  # noqa: BLE001 - logged, and the loop starts again
+            failures = 1 if time.monotonic() - started > LOOP_FORGETS_AFTER else failures + 1
+            log.error("loop failed; restarting", loop=name, error=_error_text(exc), restart_in=LOOP_FAILED.pause(failures))
+            await pause_or_stop(LOOP_FAILED, failures, stop)
 
 
 def is_transient(exc: BaseException) -> bool:

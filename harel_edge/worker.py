@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from harel_edge import observability
+from harel_edge import observability, retry
 from harel_edge.connection import EdgeConnection
 from harel_edge.durable import LibsqlCheckpointer, LibsqlDurable, LibsqlScheduler
 from harel_edge.durable import connect as connect_database
@@ -29,12 +29,12 @@ from harel_edge.errors import ConfigurationError
 from harel_edge.heartbeats import Vitals
 from harel_edge.inspection import check_usable, inspect_file
 from harel_edge.loop_thread import run_main
-from harel_edge.queue import EventPath, EventTransport
+from harel_edge.queue import EventTransport
 from harel_edge.sampler import sample_metrics, send_heartbeat
 from harel_edge.schema_step import prepare
 from harel_edge.settings import EdgeSettings
 from harel_edge.store import EventStore
-from harel_edge.worker_loops import EdgeAsyncWorker, restarting, wait_ended
+from harel_edge.worker_loops import EdgeAsyncWorker, wait_ended
 
 # A claim hands out many leases without waiting. Toward a primary the worker starts them 8 at a
 # time, giving the loop a turn in between: their commits leave sooner and no turn of the loop
@@ -165,9 +165,9 @@ def statechart_worker(
     """harel's async worker on the event path: a claim brings each event's execution, and the
     commit of an event carries its ack and the next claim, one claim for all the commits of one
     exchange or local commit (one exchange an event; docs/executor.md)."""
-    path = EventPath(executor, settings)
     transport = EventTransport(
-        path,
+        executor,
+        settings,
         concurrency=settings.max_in_flight,
         prefetch=True,
         report=report,
@@ -175,9 +175,8 @@ def statechart_worker(
         max_deliveries=settings.max_deliveries,
         max_run=settings.max_run,
     )
-    path.claimer = transport
     return EdgeAsyncWorker(
-        EventStore(path),
+        EventStore(executor, settings, events=transport),
         transport,
         definitions,
         worker_id=settings.worker_id,
@@ -237,7 +236,7 @@ async def run_worker(
         if definitions:
             tasks.append(
                 asyncio.create_task(
-                    restarting(
+                    retry.restarting(
                         "statecharts", lambda: harel_worker.run(stop, idle_sleep=options.idle_sleep), stop
                     ),
                     name="statecharts",

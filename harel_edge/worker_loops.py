@@ -7,14 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
 from typing import Any
 
 import structlog
 from harel.engine.aio.distributed import AsyncWorker
 
 from harel_edge import observability
-from harel_edge.retry import LOOP_FAILED
 from harel_edge.window import InFlightWindow
 
 log = structlog.get_logger("harel_edge.worker")
@@ -114,7 +112,7 @@ class EdgeAsyncWorker(AsyncWorker):
         then send what the run kept: one commit for the lot (queue/runs.py). A failing event is
         given back to come again later; the ones after it wait behind it, untouched. A stop ends
         the run after the event in hand."""
-        run = self.transport.path.run_of(head)
+        run = self.transport.run_of(head)
         lease = head
         try:
             if run is None:
@@ -180,26 +178,3 @@ async def wait_ended(tasks: set[asyncio.Task], within: float) -> None:
         task.cancel()
     while tasks:
         await asyncio.wait(list(tasks))
-
-
-async def restarting(name: str, run: Callable[[], Any], stop: asyncio.Event) -> None:
-    """Run `run()` until `stop`; if it fails, log it and start it again after a backoff, since harel's
-    loop ends at its first error and a worker must outlive an unreachable primary.
-    """
-    failures = 0
-    while not stop.is_set():
-        started = time.monotonic()
-        try:
-            await run()
-            return
-        except Exception as exc:  # noqa: BLE001 - logged, and the loop starts again
-            failures = 1 if time.monotonic() - started > 60 else failures + 1
-            delay = LOOP_FAILED.pause(failures)
-            log.error(
-                "loop failed; restarting",
-                loop=name,
-                error=f"{type(exc).__name__}: {str(exc)[:300]}",
-                restart_in=delay,
-            )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay)

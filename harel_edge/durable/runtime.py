@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from harel_edge import observability
+from harel_edge import observability, retry
 from harel_edge.durable.context import Context, StepHook, StopPass, WorkflowFn
 from harel_edge.durable.durable import LibsqlDurable
 from harel_edge.durable.types import (  # the outcomes, importable from here as before
@@ -26,7 +26,6 @@ from harel_edge.durable.types import (  # the outcomes, importable from here as 
     Sleeping,
     Waiting,
 )
-from harel_edge.retry import TAKE_FAILED
 from harel_edge.schema_control import RESULT  # the key of a finished workflow's return value
 from harel_edge.settings import DEFAULT_MAX_DELIVERIES
 
@@ -164,8 +163,7 @@ class DurableWorker:
             except Exception:  # noqa: BLE001 - a worker outlives a lost link
                 failures += 1
                 log.exception("durable worker: looking for ready workflows failed")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for((stop or asyncio.Event()).wait(), TAKE_FAILED.pause(failures))
+                await retry.pause_or_stop(retry.TAKE_FAILED, failures, stop)
                 continue
             for delivery in taken:
                 task = asyncio.create_task(self._run_pass(delivery))

@@ -3,7 +3,6 @@ keys and dead letters, written once (async) with a sync face."""
 
 from harel_edge.queue.core import EventTransport
 from harel_edge.queue.faces import AsyncLibsqlTransport, LibsqlTransport
-from harel_edge.queue.leases import EventPath
 from harel_edge.queue.messages import Message
 
-__all__ = ["AsyncLibsqlTransport", "EventPath", "EventTransport", "LibsqlTransport", "Message"]
+__all__ = ["AsyncLibsqlTransport", "EventTransport", "LibsqlTransport", "Message"]

@@ -17,13 +17,15 @@ import structlog
 from harel.engine.transport import Lease
 
 from harel_edge import observability
-from harel_edge.executor import StatementError, Stmt
+from harel_edge.executor import Executor, StatementError, Stmt
 from harel_edge.queue import statements as sql
+from harel_edge.queue.carrying import Carrying
 from harel_edge.queue.dead_letters import DeadLetters
 from harel_edge.queue.leases import Clock, EventPath, LeaseKey
 from harel_edge.queue.messages import Publishing
 from harel_edge.queue.runs import Run
 from harel_edge.queue.settling import Settling
+from harel_edge.settings import EdgeSettings
 
 log = structlog.get_logger("harel_edge.transport")
 
@@ -43,16 +45,19 @@ class _TailClaim:
     limited: bool = False
 
 
-class EventTransport(Publishing, Settling, DeadLetters):
-    """harel's async transport over an `EventPath`, with `claim_many` behind `claim`.
+class EventTransport(Publishing, Settling, DeadLetters, Carrying):
+    """harel's async transport on an executor, with `claim_many` behind `claim`; it keeps the
+    leases it holds (its `EventPath`), and a store's commits carry their acks through it.
 
     `prefetch` and `max_deliveries`: docs/executor.md ("The event path") and docs/operations.md.
     """
 
     def __init__(
         self,
-        path: EventPath,
+        executor: Executor,
+        settings: EdgeSettings,
         *,
+        clock: Clock | None = None,
         concurrency: int = 32,
         prefetch: bool = False,
         report: Any = None,
@@ -63,8 +68,8 @@ class EventTransport(Publishing, Settling, DeadLetters):
     ) -> None:
         if max_deliveries < 0:
             raise ValueError(f"max_deliveries must be >= 0 (0: never dead-letter), got {max_deliveries!r}")
-        self.path = path
-        self.settings = path.settings
+        self.path = EventPath(executor, settings, clock=clock)
+        self.settings = settings
         self.concurrency = concurrency
         self.max_deliveries = max_deliveries
         self.prefetch = prefetch
@@ -75,7 +80,7 @@ class EventTransport(Publishing, Settling, DeadLetters):
         self.max_run = max_run
         self._report = report
         self._groups: Counter[str] | None = Counter() if count_groups else None
-        self._routing_keys = tuple(path.settings.routing_keys if routing_keys is None else routing_keys)
+        self._routing_keys = tuple(settings.routing_keys if routing_keys is None else routing_keys)
         self._buffer: deque[Lease] = deque()
         self._buffer_for: tuple | None = None
         self._wanted: tuple | None = None  # the last claim's arguments, for a claim a commit carries

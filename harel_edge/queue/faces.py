@@ -16,7 +16,7 @@ from harel.spec.states import Event
 from harel_edge.executor import open_executor
 from harel_edge.loop_thread import SyncFace
 from harel_edge.queue.core import EventTransport
-from harel_edge.queue.leases import Clock, EventPath
+from harel_edge.queue.leases import Clock
 from harel_edge.queue.messages import Message
 from harel_edge.schema_step import prepare
 from harel_edge.server_url import is_url
@@ -56,10 +56,12 @@ class AsyncLibsqlTransport(EventTransport):
         *,
         create_schema: bool = True,
         max_deliveries: int = 0,
+        **core: Any,
     ) -> AsyncLibsqlTransport:
-        """The transport the settings describe (`EdgeSettings.load()` when none are given)."""
+        """The transport the settings describe (`EdgeSettings.load()` when none are given);
+        `core`: `EventTransport`'s other options (`concurrency`, `prefetch`)."""
         settings = settings or EdgeSettings.load()
-        self = cls(EventPath(open_executor(settings), settings, clock=clock), max_deliveries=max_deliveries)
+        self = cls(open_executor(settings), settings, clock=clock, max_deliveries=max_deliveries, **core)
         try:
             # A library face opens the database it is pointed at (`adopt`): the worker and
             # `harel-edge migrate` are where another application's tables are refused.
@@ -105,14 +107,19 @@ class LibsqlTransport(SyncFace):
         routing_keys: Sequence[str] = (),
         settings: EdgeSettings | None = None,
         max_deliveries: int = 0,
+        pair_with_store: bool = False,
     ) -> None:
         """`database` is a file (local), a server URL (sqld), or the replica's file with
-        `sync_url` (replica); or pass `settings`. `clock=None` uses the database's clock."""
+        `sync_url` (replica); or pass `settings`. `clock=None` uses the database's clock.
+        `pair_with_store`: each claim brings its execution, for an `EdgeStore(transport=...)` on
+        this transport to serve, and that store's commits carry the next claim."""
         if settings is None:
             settings = _settings_for(database, auth_token, sync_url, sync_interval, prefix, routing_keys)
         self.settings = settings
+        # Paired: one lease a claim (harel's sync worker handles one at a time), with its execution.
+        paired = {"concurrency": 1, "prefetch": True} if pair_with_store else {}
         opener = AsyncLibsqlTransport.from_settings(
-            settings, clock, create_schema=create_schema, max_deliveries=max_deliveries
+            settings, clock, create_schema=create_schema, max_deliveries=max_deliveries, **paired
         )
         self._core: AsyncLibsqlTransport = self._start("harel-edge-transport", opener)
 

@@ -1,6 +1,7 @@
-"""EventPath: what one worker's transport and store share: the executor, and the leases it holds.
+"""EventPath: a transport's executor and the leases it holds, owned by its `EventTransport`.
 
-The claim brings each message's execution; the store's commit carries the message's ack.
+The claim brings each message's execution; a store's commit carries the message's ack
+through the transport (queue/carrying.py).
 """
 
 from __future__ import annotations
@@ -37,8 +38,6 @@ class EventPath:
         self.acked_by_commit: dict[LeaseKey, bool] = {}
         self.deliveries: dict[LeaseKey, int] = {}  # which delivery of its message a lease is
         self.failures: dict[LeaseKey, str] = {}  # a handling failure, for the nack to record
-        # The transport whose claims commits carry (`EventTransport.claim_with_commit`); None: none do.
-        self.claimer: Any = None
 
     def now(self) -> float | None:
         return self.clock() if self.clock is not None else None

@@ -12,46 +12,49 @@ from harel.engine.schema import Names
 from harel.engine.store import OutboxEntry, SpawnEntry
 from harel.spec.states import Event
 
-from harel_edge.executor import StatementError, Stmt
-from harel_edge.queue.leases import EventPath
+from harel_edge.executor import Executor, StatementError, Stmt
+from harel_edge.queue.core import EventTransport
+from harel_edge.queue.runs import Run
+from harel_edge.settings import EdgeSettings
 from harel_edge.store import statements as store_sql
 from harel_edge.store.writing import Writing
 
 
 class EventStore(Writing):
-    """harel's async execution store over an `EventPath`, with its own SQL (harel's tables).
+    """harel's async execution store on an executor, with its own SQL (harel's tables). With
+    `events`, the transport whose leases the worker handles: `load_for_event` is answered from
+    that transport's claim, and `commit` carries the event's ack through it."""
 
-    `load_for_event` is answered from the claim's read, and `commit` carries the event's ack.
-    """
-
-    def __init__(self, path: EventPath) -> None:
-        self.path = path
+    def __init__(self, executor: Executor, settings: EdgeSettings, *, events: EventTransport | None = None) -> None:
+        self.executor = executor
+        self.settings = settings
+        self.events = events
         self.trace_max = store_sql.TRACE_MAX
-
-    @property
-    def _n(self) -> Names:
-        return self.path.store
+        self._n = Names(settings.prefix)
 
     async def _rows(self, sql: str, *args: Any, operation: str = "store.read") -> list[tuple]:
         async def attempt() -> list[tuple]:
-            return (await self.path.execute(sql, *args)).rows
+            return (await self._execute(sql, *args)).rows
 
-        return await self.path.run(operation, attempt)
+        return await self._run(operation, attempt)
+
+    def _claimed(self, execution_id: str) -> Run | None:
+        return self.events.claimed(execution_id) if self.events is not None else None
 
     # ---- reads -------------------------------------------------------------------------------------
 
     async def load(self, execution_id: str) -> Execution | None:
         """The execution: while a run of its group is held with the execution the claim read,
         as that run has it (harel's worker without `load_for_event`, as its sync `Worker` is)."""
-        run = self.path.runs.get(execution_id)
-        if run is not None and run.known:
+        run = self._claimed(execution_id)
+        if run is not None:
             return None if run.state is None else Execution.model_validate_json(run.state)
         rows = await self._rows(self._n.sql(store_sql.LOAD), execution_id, operation="store.load")
         return Execution.model_validate_json(rows[0][0]) if rows else None
 
     async def load_for_event(self, execution_id: str, event_id: str) -> tuple[Execution | None, bool]:
-        run = self.path.runs.get(execution_id)
-        if run is not None and run.known:
+        run = self._claimed(execution_id)
+        if run is not None:
             data, processed = run.state, run.processed.get(event_id, False)
         else:
             rows = await self._rows(
@@ -67,8 +70,8 @@ class EventStore(Writing):
         return Execution.model_validate_json(data), processed
 
     async def is_processed(self, execution_id: str, event_id: str) -> bool:
-        run = self.path.runs.get(execution_id)
-        if run is not None and run.known and event_id in run.processed:
+        run = self._claimed(execution_id)
+        if run is not None and event_id in run.processed:
             return run.processed[event_id]
         rows = await self._rows(
             self._n.sql(store_sql.IS_PROCESSED), execution_id, event_id
@@ -115,21 +118,18 @@ class EventStore(Writing):
         trace: dict | None = None,
         step: Any = None,
     ) -> list[int]:
-        """The event's commit; for a lease this path holds, it carries the message's ack. A member
+        """The event's commit; for a lease `events` holds, it carries the message's ack. A member
         of a run that others follow keeps it for the run's one commit (until the run's end, an
         emit or spawn, whose outbox harel reads next, or a third of the lease gone)."""
         rest = self._commit_stmts(exe, emits, processed_event_id, timers, spawns, trace)
-        lease = self.path.by_event.get((exe.id, processed_event_id)) if processed_event_id else None
-        run = self.path.run_of(lease)
-        if run is None:
-            results = await self._write_unit(self._execution_write(exe, exe.version), rest, "store.commit", emits=emits)
-        else:
-            write = self._execution_write(exe, exe.version if run.write is None else run.write.base)
-            if run.keeps(lease) and not emits and not spawns:
-                run.keep(lease, write, rest)
-                exe.version += 1
-                return []
-            results = await self._send(run, write, rest, emits=emits, lease=lease)
+        results = None
+        if self.events is not None:
+            results = await self.events.commit_with_ack(
+                exe.id, processed_event_id, lambda base: self._execution_write(exe, exe.version if base is None else base),
+                rest, self._write_unit, emits=emits, spawns=spawns,
+            )
+        if results is None:
+            results = await self._write_unit(self._execution_write(exe, exe.version), rest, emits=emits)
         exe.version += 1
         return [int(r.rows[0][0]) for r in results[: len(emits)]]
 
@@ -137,9 +137,9 @@ class EventStore(Writing):
         stmts = self._trace_stmts(execution_id, entry)
 
         async def attempt() -> None:
-            await self.path.executor.transaction(stmts)
+            await self.executor.transaction(stmts)
 
-        await self.path.run("store.trace", attempt)
+        await self._run("store.trace", attempt)
 
     async def ack_outbox(self, seq: int) -> None:
         await self._rows(self._n.sql(store_sql.ACK_OUTBOX), seq, operation="store.ack_outbox")
@@ -166,7 +166,7 @@ class EventStore(Writing):
 
         async def attempt() -> bool:
             try:
-                await self.path.executor.transaction(stmts)
+                await self.executor.transaction(stmts)
             except StatementError as exc:
                 if exc.step == 1:
                     return False
@@ -176,7 +176,13 @@ class EventStore(Writing):
         async def resolve() -> bool | None:
             return True if not await self._rows(n.sql(store_sql.EXISTS_EXECUTION), execution_id) else None
 
-        return await self.path.run("store.purge", attempt, resolve)
+        return await self._run("store.purge", attempt, resolve)
+
+    async def settle(self, run: Run) -> None:
+        """Send what a run of `events` kept, once its handler is done with it."""
+        if self.events is None:
+            raise TypeError("a run is settled through the transport that holds it: EventStore(..., events=transport)")
+        await self.events.settle_run(run, self._write_unit)
 
     async def close(self) -> None:
         """The executor is shared with the transport; its owner closes it."""

@@ -7,39 +7,40 @@ from typing import TYPE_CHECKING, Any
 
 from harel.engine.execution import Execution
 
-from harel_edge.executor import open_executor
+from harel_edge.executor import Stmt, open_executor
 from harel_edge.loop_thread import SyncFace
-from harel_edge.queue.leases import EventPath
 from harel_edge.schema_step import prepare
 from harel_edge.settings import EdgeSettings
 from harel_edge.store.core import EventStore
 
 if TYPE_CHECKING:
+    from harel_edge.queue.core import EventTransport
     from harel_edge.queue.faces import LibsqlTransport
 
 class _OwnedStore(EventStore):
     """An `EventStore` that owns its executor, so closing the face closes it."""
 
     async def close(self) -> None:
-        await self.path.executor.aclose()
+        await self.executor.aclose()
 
 
 async def _open(settings: EdgeSettings, create_schema: bool) -> _OwnedStore:
-    store = _OwnedStore(EventPath(open_executor(settings), settings))
+    store = _OwnedStore(open_executor(settings), settings)
     try:
         # harel's tables are version 4 of the numbered versions; a library face opens the
         # database it is pointed at (`adopt`), as the transport does.
-        await prepare(store.path.executor, settings, migrate=create_schema, adopt=True)
+        await prepare(store.executor, settings, migrate=create_schema, adopt=True)
     except BaseException:
         await store.close()
         raise
     return store
 
 
-async def _beside(path: EventPath, create_schema: bool) -> EventStore:
-    store = EventStore(path)  # its close leaves the executor to the transport that owns it
+async def _beside(transport: EventTransport, create_schema: bool) -> EventStore:
+    # Its close leaves the executor to the transport that owns it.
+    store = EventStore(transport.path.executor, transport.settings, events=transport)
     if create_schema:
-        await prepare(path.executor, path.settings, adopt=True)
+        await prepare(store.executor, store.settings, adopt=True)
     return store
 
 
@@ -50,16 +51,13 @@ class EdgeStore(SyncFace):
     def __init__(
         self, settings: EdgeSettings | None = None, *, create_schema: bool = True, transport: LibsqlTransport | None = None
     ) -> None:
-        """With `transport`, the store shares that transport's core: one executor, its claims
-        bring each message's execution and the commit carries the message's ack (two round
-        trips an event instead of four); the transport owns the connections and closes them."""
+        """With `transport`, the store shares that transport's core (one executor; the transport
+        owns the connections) and each commit carries its message's ack; a transport opened with
+        `pair_with_store=True` also brings each execution with the claim and has the commit carry
+        the next claim (two round trips an event instead of four)."""
         if transport is not None:
             self.settings = transport.settings
-            core = transport.core
-            # The execution with each claim, one lease at a time, and each commit carries the next claim.
-            core.prefetch, core.concurrency = True, 1
-            core.path.claimer = core
-            self._core: EventStore = self._start_beside(transport, _beside(core.path, create_schema))
+            self._core: EventStore = self._start_beside(transport, _beside(transport.core, create_schema))
             return
         self.settings = settings or EdgeSettings.load()
         self._core = self._start("harel-edge-store", _open(self.settings, create_schema))
@@ -77,7 +75,7 @@ class EdgeStore(SyncFace):
 
     def execute(self, statement: str, params: tuple = ()) -> list[tuple]:
         """One statement of the caller's through this store's executor (inspection, tools)."""
-        return self._call(self.core.path.execute(statement, *params)).rows
+        return self._call(self.core.executor.execute(Stmt(statement, tuple(params)))).rows
 
     # ---- harel's ExecutionStore -------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from harel_edge.durable import LibsqlCheckpointer, LibsqlDurable, LibsqlSchedule
 from harel_edge.durable.runtime import DurableWorker
 from harel_edge.executor import open_executor
 from harel_edge.migration import migrate as migrate_schema
-from harel_edge.queue import EventPath, EventTransport
+from harel_edge.queue import EventTransport
 from harel_edge.settings import ExplicitSettings
 
 
@@ -27,7 +27,7 @@ def poisoned(path) -> None:  # noqa: ANN001
     async def main() -> None:
         now = [1000.0]
         executor = open_executor(settings)
-        transport = EventTransport(EventPath(executor, settings, clock=lambda: now[0]), max_deliveries=2)
+        transport = EventTransport(executor, settings, clock=lambda: now[0], max_deliveries=2)
         try:
             await transport.publish("order-7", Event(kind="Pay", data={"amount": 3}), priority=1, routing_key="eu")
             for _ in range(2):

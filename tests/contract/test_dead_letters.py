@@ -11,7 +11,7 @@ from harel.spec.states import Event
 from harel_edge import dead_letter
 from harel_edge.executor import open_executor
 from harel_edge.migration import migrate
-from harel_edge.queue import EventPath, EventTransport
+from harel_edge.queue import EventTransport
 from harel_edge.store import EventStore
 from harel_edge.sync_sql import Statements
 from harel_edge.worker_loops import EdgeAsyncWorker
@@ -24,9 +24,9 @@ RECHECK = 5.0  # harel's suspend_recheck: how long a failed message stays parked
 async def event_path(settings, clock, max_deliveries=LIMIT):
     migrate(settings)
     executor = open_executor(settings)
-    path = EventPath(executor, settings, clock=clock)
+    transport = EventTransport(executor, settings, clock=clock, prefetch=True, max_deliveries=max_deliveries)
     try:
-        yield EventTransport(path, prefetch=True, max_deliveries=max_deliveries), EventStore(path)
+        yield transport, EventStore(executor, settings, events=transport)
     finally:
         await executor.aclose()
 

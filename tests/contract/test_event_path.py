@@ -18,17 +18,17 @@ from harel.testing import (
 
 from harel_edge.executor import open_executor
 from harel_edge.migration import migrate
-from harel_edge.queue import EventPath, EventTransport
+from harel_edge.queue import EventTransport
 from harel_edge.store import EventStore
 
 
 @contextlib.asynccontextmanager
-async def event_path(settings, clock=None, concurrency=32):
+async def event_path(settings, clock=None, concurrency=32, prefetch=False):
     migrate(settings)
     executor = open_executor(settings)
-    path = EventPath(executor, settings, clock=clock)
+    transport = EventTransport(executor, settings, clock=clock, concurrency=concurrency, prefetch=prefetch)
     try:
-        yield EventTransport(path, concurrency=concurrency), EventStore(path)
+        yield transport, EventStore(executor, settings, events=transport)
     finally:
         await executor.aclose()
 
@@ -186,8 +186,7 @@ def test_a_commit_whose_lease_was_lost_keeps_the_message_for_its_new_holder(edge
 
 def test_the_workers_claim_brings_each_execution_so_loading_it_costs_no_round_trip(edge):
     async def main():
-        async with event_path(edge.settings(), concurrency=8) as (plain, store):
-            transport = EventTransport(plain.path, concurrency=8, prefetch=True)
+        async with event_path(edge.settings(), concurrency=8, prefetch=True) as (transport, store):
             for g in range(3):
                 await store.save(Execution(id=f"x{g}", definition_id="d"))
                 await transport.publish(f"x{g}", Event(kind="go"))
@@ -221,7 +220,7 @@ def test_the_workers_commit_carries_the_next_claim_and_a_groups_queued_events_sh
         executor = open_executor(settings)
         try:
             worker = statechart_worker(executor, settings, definitions)
-            assert worker.transport.path.claimer is worker.transport
+            assert worker.store.events is worker.transport, "the store's commits go through the worker's transport"
             await worker.store.save(Execution(id="order", definition_id="order"))
             for kind, data in (("Start", {}), ("Pay", {"amount": 3.0}), ("Ship", {}), ("Deliver", {})):
                 await worker.transport.publish("order", Event(kind=kind, data=data))
@@ -245,15 +244,12 @@ def test_the_workers_commit_carries_the_next_claim_and_a_groups_queued_events_sh
     asyncio.run(main())
 
 
-async def claiming_transport(plain, store, concurrency: int, kinds: tuple[str, ...]) -> EventTransport:
-    """A prefetching transport whose commits carry claims, over eight groups of `kinds` each."""
-    transport = EventTransport(plain.path, concurrency=concurrency, prefetch=True)
-    transport.path.claimer = transport
+async def seed_groups(transport: EventTransport, store, kinds: tuple[str, ...]) -> None:
+    """Eight groups of `kinds` each, for a prefetching transport whose commits carry claims."""
     for group in "abcdefgh":
         await store.save(Execution(id=group, definition_id="d"))
         for kind in kinds:
             await transport.publish(group, Event(kind=kind))
-    return transport
 
 
 async def finish(transport: EventTransport, store, lease) -> None:
@@ -265,8 +261,8 @@ async def finish(transport: EventTransport, store, lease) -> None:
 
 def test_commits_in_flight_together_claim_no_more_than_the_slots_they_free(edge):
     async def main():
-        async with event_path(edge.settings(), concurrency=3) as (plain, store):
-            transport = await claiming_transport(plain, store, 3, ("one", "two"))
+        async with event_path(edge.settings(), concurrency=3, prefetch=True) as (transport, store):
+            await seed_groups(transport, store, ("one", "two"))
             leases = [await transport.claim("w", 30) for _ in range(3)]
             assert transport.buffered == 0 and len(transport.held) == 3
             await asyncio.gather(*(finish(transport, store, lease) for lease in leases))
@@ -280,8 +276,8 @@ def test_a_commit_carries_the_claim_of_the_slot_it_frees_while_leases_still_wait
     """Far from the primary, a claim that waited for the buffer to empty would idle the link."""
 
     async def main():
-        async with event_path(edge.settings(), concurrency=4) as (plain, store):
-            transport = await claiming_transport(plain, store, 4, ("one",))
+        async with event_path(edge.settings(), concurrency=4, prefetch=True) as (transport, store):
+            await seed_groups(transport, store, ("one",))
             lease = await transport.claim("w", 30)
             assert transport.buffered == 3 and len(transport.held) == 4
             await finish(transport, store, lease)
@@ -297,8 +293,8 @@ def test_a_claim_with_nothing_buffered_takes_the_lease_a_commits_claim_brings_in
     round trip, while the commit's claim brought leases that then wait in the buffer."""
 
     async def main():
-        async with event_path(edge.settings(), concurrency=1) as (plain, store):
-            transport = await claiming_transport(plain, store, 1, ("one",))
+        async with event_path(edge.settings(), concurrency=1, prefetch=True) as (transport, store):
+            await seed_groups(transport, store, ("one",))
             lease = await transport.claim("w", 30)
             committing = asyncio.ensure_future(finish(transport, store, lease))
             claiming = asyncio.ensure_future(transport.claim("w", 30))

@@ -57,7 +57,7 @@ def seed(settings) -> None:
 def faces(settings, paired: bool) -> tuple[EdgeStore, LibsqlTransport]:
     """A worker's store and transport: apart (an executor each), or the store on the transport's
     core (its claims bring the execution, the commit carries the ack)."""
-    transport = LibsqlTransport(settings=settings)
+    transport = LibsqlTransport(settings=settings, pair_with_store=paired)
     store = EdgeStore(transport=transport, create_schema=False) if paired else EdgeStore(settings, create_schema=False)
     return store, transport
 

@@ -14,7 +14,7 @@ from harel.spec.states import Event
 from harel_edge.executor import open_executor
 from harel_edge.limits import set_key_limit
 from harel_edge.migration import migrate
-from harel_edge.queue import EventPath, EventTransport
+from harel_edge.queue import EventTransport
 from harel_edge.store import EventStore
 from harel_edge.testing.machines import COUNTER
 from harel_edge.worker import load_definitions
@@ -33,11 +33,11 @@ async def hot_worker(settings, tmp_path: Path, now: list[float]):
     directory.mkdir(exist_ok=True)
     (directory / "counter.stm").write_text(COUNTER)
     executor = open_executor(settings)
-    path = EventPath(executor, settings, clock=lambda: now[0])
-    transport = EventTransport(path, concurrency=8, prefetch=True, max_deliveries=LIMIT, max_run=MAX_RUN)
-    path.claimer = transport
+    transport = EventTransport(
+        executor, settings, clock=lambda: now[0], concurrency=8, prefetch=True, max_deliveries=LIMIT, max_run=MAX_RUN
+    )
     worker = EdgeAsyncWorker(
-        EventStore(path), transport, load_definitions(str(directory)), worker_id="w", suspend_recheck=RECHECK, concurrency=8
+        EventStore(executor, settings, events=transport), transport, load_definitions(str(directory)), worker_id="w", suspend_recheck=RECHECK, concurrency=8
     )
     try:
         yield worker

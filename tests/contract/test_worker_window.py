@@ -12,7 +12,7 @@ from harel.spec.states import Event
 import harel_edge.examples.actions as actions
 from harel_edge.executor import Stmt, open_executor
 from harel_edge.migration import migrate
-from harel_edge.queue import EventPath, EventTransport, Message
+from harel_edge.queue import EventTransport, Message
 from harel_edge.store import EventStore
 from harel_edge.worker import WorkerOptions, run_worker
 
@@ -24,8 +24,8 @@ STEPS = (("Start", {}), ("Pay", {"amount": 2.0}), ("Ship", {}), ("Deliver", {}))
 async def seed(settings) -> None:
     executor = open_executor(settings)
     try:
-        path = EventPath(executor, settings)
-        store, transport = EventStore(path), EventTransport(path)
+        transport = EventTransport(executor, settings)
+        store = EventStore(executor, settings, events=transport)
         for i in range(ORDERS):
             await store.save(Execution(id=f"order-{i:03d}", definition_id="order"))
         await transport.publish_many(

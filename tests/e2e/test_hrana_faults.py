@@ -34,7 +34,7 @@ from harel_edge.executor import Stmt, remote
 from harel_edge.executor.hrana import UNIT_SAVEPOINT
 from harel_edge.executor.remote import HranaExecutor
 from harel_edge.migration import migrate as migrate_schema
-from harel_edge.queue import AsyncLibsqlTransport, EventPath, EventTransport, LibsqlTransport
+from harel_edge.queue import AsyncLibsqlTransport, EventTransport, LibsqlTransport
 from harel_edge.retry import Backoff
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore, EventStore
@@ -101,7 +101,7 @@ def opened(face: str, settings):
     try:
         core = loop.run_until_complete(AsyncLibsqlTransport.from_settings(settings))
         try:
-            yield Blocking(core, loop), Blocking(EventStore(core.path), loop)
+            yield Blocking(core, loop), Blocking(EventStore(core.path.executor, settings, events=core), loop)
         finally:
             loop.run_until_complete(core.close())
     finally:
@@ -282,17 +282,16 @@ def test_a_refused_token_fails_at_once_with_what_to_do_and_without_the_token(sql
         migrate_schema(good)
         bad = _settings(sqld_primary, auth_token="not-a-valid-token", prefix=good.prefix)
         executor = HranaExecutor(bad)
-        path = EventPath(executor, bad)
         try:
             with pytest.raises(AuthError) as raised:
-                await EventTransport(path).publish("a", Event(kind="a1"))
+                await EventTransport(executor, bad).publish("a", Event(kind="a1"))
             assert "HAREL_EDGE_AUTH_TOKEN" in str(raised.value)
             assert "not-a-valid-token" not in str(raised.value) and "not-a-valid-token" not in repr(executor)
         finally:
             await executor.aclose()
         executor = HranaExecutor(good)
         try:
-            assert await EventTransport(EventPath(executor, good)).depth() == 0, "nothing was queued"
+            assert await EventTransport(executor, good).depth() == 0, "nothing was queued"
         finally:
             await executor.aclose()
 
@@ -306,7 +305,7 @@ def test_a_token_with_a_trailing_newline_is_used_without_it(sqld_primary):
         newline = _settings(sqld_primary, auth_token=sqld_primary.rw_token + "\n", prefix=settings.prefix)
         executor = HranaExecutor(newline)
         try:
-            assert await EventTransport(EventPath(executor, newline)).depth() == 0
+            assert await EventTransport(executor, newline).depth() == 0
         finally:
             await executor.aclose()
 

@@ -11,7 +11,7 @@ from harel_edge.connection import EdgeConnection
 from harel_edge.executor import Stmt
 from harel_edge.executor.local import LocalExecutor
 from harel_edge.migration import migrate
-from harel_edge.queue import EventPath, EventTransport, LibsqlTransport
+from harel_edge.queue import EventTransport, LibsqlTransport
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EventStore
 
@@ -111,8 +111,8 @@ def test_the_event_path_sends_only_its_claims_as_volatile(tmp_path):
 
     async def main():
         executor = RecordingExecutor(settings)
-        path = EventPath(executor, settings)
-        transport, store = EventTransport(path), EventStore(path)
+        transport = EventTransport(executor, settings)
+        store = EventStore(executor, settings, events=transport)
         try:
             lease = await transport.claim("w", 30)
             await transport.nack(lease)
@@ -161,7 +161,7 @@ def test_ack_many_answers_a_stale_lease_and_a_repeated_one_false(tmp_path):
 
     async def main():
         executor = LocalExecutor(settings)
-        transport = EventTransport(EventPath(executor, settings))
+        transport = EventTransport(executor, settings)
         try:
             a, b = await transport.claim_many("w", 30, 2)
             stale = type(a)(a.seq, a.group_id, a.event, token="w#not-this-claim")
@@ -180,7 +180,7 @@ def test_ack_many_of_more_leases_than_one_statement_holds_acks_every_one(tmp_pat
 
     async def main():
         executor = LocalExecutor(settings)
-        transport = EventTransport(EventPath(executor, settings))
+        transport = EventTransport(executor, settings)
         try:
             leases = await transport.claim_many("w", 30, 7)
             acked = await transport.ack_many(leases)
