@@ -39,7 +39,7 @@ from harel_edge import logs, observability
 from harel_edge.settings import ExplicitSettings
 from harel_edge.testing import start_sqld_primary
 from harel_edge.testing.proxy import LatencyProxy
-from harel_edge.worker import tune_garbage_collector
+from harel_edge.worker_process import tune_garbage_collector
 
 
 def peak_rss_mb() -> float:

@@ -50,7 +50,8 @@ from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
 from harel_edge.testing.machines import COUNTER
-from harel_edge.worker import WorkerOptions, run_worker, tune_garbage_collector
+from harel_edge.worker import WorkerOptions, run_worker
+from harel_edge.worker_process import tune_garbage_collector
 
 POLL = 0.005  # seconds between looks at the queue's depth
 

@@ -45,7 +45,7 @@ class EdgeConnection:
     """
 
     def __init__(self, settings: EdgeSettings) -> None:
-        self.settings = settings
+        self.settings = settings.one_database()
         if not settings.has_file:
             raise ConfigurationError(
                 "EdgeConnection opens a local file or an embedded replica's file; a sqld or Turso primary is "

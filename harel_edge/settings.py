@@ -11,13 +11,21 @@ import secrets
 import socket
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from harel_edge import database_names, settings_combination
 from harel_edge.errors import ConfigurationError
 from harel_edge.redaction import MARK, remember
 from harel_edge.schema_harel import check_prefix
-from harel_edge.server_url import check_server_url, is_url
 from harel_edge.settings_variables import ENV_PREFIX, explain, variable_for, warn_unknown_variables
 
 Profile = Literal["local", "sqld", "replica"]
@@ -67,6 +75,7 @@ class EdgeSettings(BaseSettings):
 
     # Whether `load()` reads the environment (and so warns about variables that are no setting).
     reads_environment: ClassVar[bool] = True
+    _named_by_header: bool = PrivateAttr(default=False)  # requests name the database (sqld's namespace)
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -106,6 +115,21 @@ class EdgeSettings(BaseSettings):
         description="Seconds between background syncs of an embedded replica; unset: sync on demand.",
     )
     prefix: str = Field(default="harel", description="Prefix of every table harel_edge creates.")
+    database: str | None = Field(
+        default=None,
+        description="Which one of many databases (a sqld namespace, a Turso database): it fills "
+        "{database} in HAREL_EDGE_URL, HAREL_EDGE_SYNC_URL and HAREL_EDGE_DB_PATH; without {database} "
+        "in HAREL_EDGE_URL, each request to sqld names the namespace. Unset: the server's one database.",
+    )
+    databases: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="Comma-separated databases of a deployment: one worker serves them all, "
+        "`migrate --all` and `status --all` go through each; other commands take --database NAME.",
+    )
+    admin_url: str | None = Field(
+        default=None, description="sqld's admin API (its --admin-listen-addr), where `databases create` makes namespaces."
+    )
+    admin_key: SecretStr | None = Field(default=None, description="sqld's --admin-auth-key, if it has one. Never logged or shown.")
     busy_timeout_ms: int = Field(
         default=5000, description="How long a writer waits for the file's write lock (local profile)."
     )
@@ -179,6 +203,25 @@ class EdgeSettings(BaseSettings):
             raise ValueError(TOKEN_WITH_WHITESPACE)
         remember(token)  # scrubbed from every error and log line of this process from now on
         return token
+
+    @field_validator("database")
+    @classmethod
+    def _database_name(cls, value: str | None) -> str | None:
+        return None if value is None else database_names.check_name("HAREL_EDGE_DATABASE", value)
+
+    @field_validator("databases", mode="before")
+    @classmethod
+    def _database_names(cls, value: Any) -> Any:
+        return database_names.split_names("HAREL_EDGE_DATABASES", value)
+
+    @field_validator("admin_key", mode="before")
+    @classmethod
+    def _secret_admin_key(cls, value: Any) -> Any:
+        key = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if isinstance(key, str) and key.strip():
+            remember(key.strip())  # scrubbed from every error and log line of this process
+            return key.strip()
+        return None if isinstance(key, str) else value
 
     @field_validator("routing_keys", mode="before")
     @classmethod
@@ -260,74 +303,11 @@ class EdgeSettings(BaseSettings):
             )
         return value
 
-    # ---- the combination ---------------------------------------------------------------------
+    # ---- the combination (settings_combination.py) ---------------------------------------------
 
     @model_validator(mode="after")
-    def _window_outlasts_retries(self) -> EdgeSettings:
-        if self.publish_window < self.retry_deadline:
-            raise ValueError(
-                f"HAREL_EDGE_PUBLISH_WINDOW={self.publish_window:g} is shorter than "
-                f"HAREL_EDGE_RETRY_DEADLINE={self.retry_deadline:g}: a publish retried after the window "
-                "could be queued twice; set the window at least as long as the deadline"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _coherent_profile(self) -> EdgeSettings:
-        if self.profile is None:
-            # Inferred the way a harel user's HAREL_LIBSQL_* variables mean it.
-            if self.sync_url:
-                self.profile = "replica"
-            elif self.url or is_url(self.db_path):
-                self.profile = "sqld"
-            else:
-                self.profile = "local"
-        if self.profile == "sqld" and self.url is None and is_url(self.db_path):
-            self.url = self.db_path  # HAREL_LIBSQL_DB may name the server itself
-        if self.profile == "local":
-            if self.sync_url:
-                raise ValueError(
-                    "HAREL_EDGE_SYNC_URL is set but HAREL_EDGE_PROFILE=local: set HAREL_EDGE_PROFILE=replica "
-                    "to sync with that primary, or unset HAREL_EDGE_SYNC_URL"
-                )
-            if self.url:
-                raise ValueError(
-                    "HAREL_EDGE_URL is set but HAREL_EDGE_PROFILE=local: set HAREL_EDGE_PROFILE=sqld "
-                    "to use that server, or unset HAREL_EDGE_URL"
-                )
-            if is_url(self.db_path):
-                raise ValueError(
-                    f"HAREL_EDGE_DB_PATH={self.db_path!r} is a URL but the local profile needs a file path: "
-                    "set HAREL_EDGE_PROFILE=sqld and HAREL_EDGE_URL to use a server"
-                )
-        elif self.profile == "sqld":
-            if not self.url:
-                raise ValueError(
-                    "HAREL_EDGE_PROFILE=sqld needs the server: set HAREL_EDGE_URL=http://host:8080 "
-                    "(self-hosted sqld) or libsql://<db>.turso.io"
-                )
-            check_server_url("HAREL_EDGE_URL", self.url)
-            if self.sync_url:
-                raise ValueError(
-                    "HAREL_EDGE_SYNC_URL is set but HAREL_EDGE_PROFILE=sqld talks to the server directly: "
-                    "set HAREL_EDGE_PROFILE=replica for an embedded replica, or unset HAREL_EDGE_SYNC_URL"
-                )
-        else:  # replica
-            if not self.sync_url:
-                raise ValueError(
-                    "HAREL_EDGE_PROFILE=replica needs its primary: set HAREL_EDGE_SYNC_URL="
-                    "http://host:8080 (the primary's HTTP address, not its gRPC one)"
-                )
-            check_server_url("HAREL_EDGE_SYNC_URL", self.sync_url)
-            if is_url(self.db_path) or self.db_path == ":memory:":
-                raise ValueError(
-                    f"HAREL_EDGE_DB_PATH={self.db_path!r} must be a local file for the replica profile: "
-                    "set it to the path of the replica's file, e.g. /var/lib/harel-edge/replica.db"
-                )
-            if self.url:
-                raise ValueError(
-                    "HAREL_EDGE_URL is set but the replica profile syncs from HAREL_EDGE_SYNC_URL: unset one"
-                )
+    def _combined(self) -> EdgeSettings:
+        self._named_by_header = settings_combination.check(self)
         return self
 
     # ---- reading -------------------------------------------------------------------------------
@@ -366,11 +346,40 @@ class EdgeSettings(BaseSettings):
         """The primary's address for the profiles that have one."""
         return self.url if self.profile == "sqld" else self.sync_url if self.profile == "replica" else None
 
+    @property
+    def database_header(self) -> dict[str, str]:
+        """The header each request to the primary carries to name the database, if one must."""
+        return database_names.namespace_header(self.database) if self._named_by_header and self.database else {}
+
+    @property
+    def is_deployment(self) -> bool:
+        """Settings of many databases (HAREL_EDGE_DATABASES) that do not say which one."""
+        return bool(self.databases) and self.database is None
+
+    def for_database(self, name: str) -> EdgeSettings:
+        """These settings for the deployment's database `name`: its file, server and namespace."""
+        if self.database is not None:
+            raise ConfigurationError(f"these settings are for the database {self.database!r} already")
+        values = {field: getattr(self, field) for field in type(self).model_fields}
+        return ExplicitSettings.load(**{**values, "database": name})
+
+    def one_database(self) -> EdgeSettings:
+        """These settings, refused when they name a deployment's databases but not which one."""
+        if self.is_deployment:
+            raise ConfigurationError(
+                f"HAREL_EDGE_DATABASES names {len(self.databases)} databases ({', '.join(self.databases[:5])}"
+                f"{', ...' if len(self.databases) > 5 else ''}): say which one with --database NAME or "
+                "HAREL_EDGE_DATABASE"
+            )
+        return self
+
     def redacted(self) -> dict[str, Any]:
-        """Every setting as `config show` prints it: the token replaced by a marker."""
+        """Every setting as `config show` prints it: the tokens replaced by a marker."""
         data = self.model_dump()
         data["auth_token"] = MARK if self.auth_token else None
+        data["admin_key"] = MARK if self.admin_key else None
         data["routing_keys"] = list(self.routing_keys)
+        data["databases"] = list(self.databases)
         return data
 
 

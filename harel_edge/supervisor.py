@@ -15,7 +15,8 @@ from typing import Any
 from harel_edge import logs, observability
 from harel_edge.loop_thread import run_main
 from harel_edge.settings import EdgeSettings
-from harel_edge.worker import WorkerOptions, WorkerReport, run_worker, tune_garbage_collector
+from harel_edge.worker import WorkerOptions, WorkerReport
+from harel_edge.worker_process import run_process, tune_garbage_collector
 
 
 def _child(
@@ -50,7 +51,7 @@ def _child(
 
         watcher = asyncio.create_task(watch())
         try:
-            return await run_worker(settings, options, stop, ready=ready_flag.set)
+            return await run_process(settings, options, stop, ready=ready_flag.set)
         finally:
             watcher.cancel()
 

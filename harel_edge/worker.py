@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import importlib
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -28,7 +26,6 @@ from harel_edge.durable.types import Delivery
 from harel_edge.errors import ConfigurationError
 from harel_edge.heartbeats import Vitals
 from harel_edge.inspection import check_usable, inspect_file
-from harel_edge.loop_thread import run_main
 from harel_edge.queue import EventTransport
 from harel_edge.sampler import sample_metrics, send_heartbeat
 from harel_edge.schema_step import prepare
@@ -41,9 +38,6 @@ from harel_edge.worker_loops import EdgeAsyncWorker, wait_ended
 # runs hundreds of transitions. Where commits share an fsync (a local file) it starts them all,
 # so that they share it (docs/tuning.md).
 LAUNCH_SLICE = 8
-# Python's default (700, 10, 10) collects an event's objects while it waits for the primary and
-# promotes them, so full collections come often: measured in docs/tuning.md.
-GC_THRESHOLDS = (5000, 50, 10)
 
 log = structlog.get_logger("harel_edge.worker")
 
@@ -140,6 +134,21 @@ class WorkerReport:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def total(cls, worker_id: str, reports: dict[str, WorkerReport]) -> WorkerReport:
+        """What the workers of several databases did together; each one's error named by its database."""
+        total = cls(worker_id)
+        for name, report in reports.items():
+            for counter in ("claims", "acks", "nacks", "lost", "dead_letters", "released_on_stop", "steps"):
+                setattr(total, counter, getattr(total, counter) + getattr(report, counter))
+            for kind, count in report.passes.items():
+                total.passes[kind] = total.passes.get(kind, 0) + count
+            total.groups.update({f"{name}/{group}": count for group, count in report.groups.items()})
+            total.seconds = max(total.seconds, report.seconds)
+            if report.error:
+                total.error = "; ".join(filter(None, [total.error, f"{name}: {report.error}"]))
+        return total
 
 
 def metered(namespace: str, report: WorkerReport) -> dict[str, Any]:
@@ -321,39 +330,3 @@ async def run_worker(
         passes=report.passes,
     )
     return report
-
-
-def serve(settings: EdgeSettings, options: WorkerOptions) -> WorkerReport:
-    """Run one worker in this process until SIGTERM or SIGINT; the `worker` command's body."""
-
-    async def main() -> WorkerReport:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        signals = {"count": 0}
-
-        def on_signal() -> None:
-            signals["count"] += 1
-            if signals["count"] > 1:
-                log.warning("second signal: cancelling what is still running")
-                for task in asyncio.all_tasks(loop):
-                    if task.get_name() in ("statecharts",) or task.get_name().startswith("workflows:"):
-                        task.cancel()
-            stop.set()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
-        return await run_worker(settings, options, stop)
-
-    if settings.metrics_port:
-        observability.serve_metrics(settings.metrics_port)
-    tune_garbage_collector()
-    return run_main(main())
-
-
-def tune_garbage_collector() -> None:
-    """Freeze what start-up made (it lives as long as the process) and collect young objects
-    less often (`GC_THRESHOLDS`): both shorten the collections that stall the worker's one event
-    loop (docs/tuning.md, "Pauses of the event loop")."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)

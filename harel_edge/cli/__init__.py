@@ -5,6 +5,7 @@ The package parses, renders and maps errors to exit codes; the work is in the li
 
 from harel_edge.cli.app import app, config_app, dead_letter_app, executions_app, workflows_app
 from harel_edge.cli.commands import config_show, dashboard, demo, doctor, migrate, worker
+from harel_edge.cli.databases import databases_app, databases_create
 from harel_edge.cli.dead_letters import (
     dead_letter_list,
     dead_letter_purge,
@@ -55,6 +56,8 @@ for _name, _command in (
 ):
     workflows_app.command(_name)(_command)
 app.add_typer(limits_app, name="limits")
+app.add_typer(databases_app, name="databases")
+databases_app.command("create")(databases_create)
 for _name, _command in (("set", limits_set), ("list", limits_list), ("clear", limits_clear)):
     limits_app.command(_name)(_command)
 app.command("reference", hidden=True)(reference)

@@ -99,15 +99,19 @@ class Globals:
     log_format: str = "console"
     log_level: str = "warning"
 
-    def settings(self, **more: Any) -> EdgeSettings:
+    def settings(self, *, deployment: bool = False, **more: Any) -> EdgeSettings:
+        """The settings in effect; those of a deployment's many databases only where the command
+        goes through each (`deployment`), else refused unless one is named (--database)."""
         from harel_edge.settings import EdgeSettings  # noqa: PLC0415 - pydantic: not for --help
 
-        values = {k: v for k, v in {**self.overrides, **more}.items() if v is not None}
+        given = {k: v for k, v in more.items() if v is not None}  # a command's option over the global one
+        values = {k: v for k, v in {**self.overrides, **given}.items() if v is not None}
         if self.env_file is not None:
             if not Path(self.env_file).is_file():
                 raise ConfigurationError(f"--env-file {self.env_file!r} does not exist")
             values["_env_file"] = self.env_file
-        return EdgeSettings.load(**values)
+        settings = EdgeSettings.load(**values)
+        return settings if deployment else settings.one_database()
 
     def sources(self) -> dict[str, str]:
         """Where each setting of `settings()` came from (`config show`)."""
@@ -154,6 +158,9 @@ def main(
         None, "--sync-url", metavar="URL", help="The primary a replica syncs with (overrides HAREL_EDGE_SYNC_URL)."
     ),
     prefix: str | None = typer.Option(None, "--prefix", metavar="PREFIX", help="Table prefix (overrides HAREL_EDGE_PREFIX)."),
+    database: str | None = typer.Option(
+        None, "--database", metavar="NAME", help="Which of the deployment's databases (overrides HAREL_EDGE_DATABASE)."
+    ),
     env_file: str | None = typer.Option(
         None, "--env-file", metavar="FILE", help="Read settings from this file instead of ./.env."
     ),
@@ -190,7 +197,7 @@ def main(
         fail(EXIT_CONFIG, f"--log-format {log_format!r}: use json, console or auto")
     configure_logging(log_format, log_level)  # type: ignore[arg-type]
     ctx.obj = Globals(
-        {"profile": profile, "db_path": db_path, "url": url, "sync_url": sync_url, "prefix": prefix},
+        {"profile": profile, "db_path": db_path, "url": url, "sync_url": sync_url, "prefix": prefix, "database": database},
         env_file,
         log_format,
         log_level,

@@ -22,6 +22,7 @@ from harel_edge.cli.app import (
     out,
     shown,
 )
+from harel_edge.cli.databases import migrate_each, migrated
 from harel_edge.errors import (
     ConfigurationError,
 )
@@ -39,28 +40,27 @@ def migrate(
     adopt: bool = typer.Option(
         False, "--adopt", help="Add harel_edge's tables to a database that holds other applications' tables."
     ),
+    database: str | None = typer.Option(None, "--database", metavar="NAME", help="Which of the deployment's databases."),
+    all_databases: bool = typer.Option(False, "--all", help="Every database of HAREL_EDGE_DATABASES, one after another."),
 ) -> None:
     """Create or upgrade the schema.
 
     Each missing version once, in one transaction; safe while workers run. --print-sql prints
-    the versions as SQL and touches nothing.
+    the versions as SQL and touches nothing. --all migrates each database of the deployment.
     """
-    settings = ctx.obj.settings()
     from harel_edge import migration  # noqa: PLC0415
 
+    if all_databases:
+        settings = ctx.obj.settings(deployment=True)
+        if print_sql:
+            raise typer.BadParameter("--print-sql prints the same SQL for every database: leave out --all")
+        migrate_each(settings, adopt)
+        return
+    settings = ctx.obj.settings(database=database)
     if print_sql:
         sys.stdout.write(migration.migration_script(settings.prefix))
         return
-    done = migration.migrate(settings, adopt=adopt)
-    if done.up_to_date:
-        out.print(f"schema version {done.found}: up to date ({shown(done.where)})", markup=False)
-    else:
-        applied = ", ".join(str(number) for number in done.applied)
-        out.print(
-            f"schema version {done.found} -> {done.version}, applied {applied} for prefix {settings.prefix!r}"
-            f" ({shown(done.where)})",
-            markup=False,
-        )
+    out.print(migrated(migration.migrate(settings, adopt=adopt), settings.prefix), markup=False)
 
 
 # ---- config ---------------------------------------------------------------------------------------
@@ -164,11 +164,12 @@ def worker(
     """
     from harel_edge.access import check_writable  # noqa: PLC0415
     from harel_edge.supervisor import run_processes  # noqa: PLC0415
-    from harel_edge.worker import WorkerOptions, load_definitions, parse_workflow, serve  # noqa: PLC0415
+    from harel_edge.worker import WorkerOptions, load_definitions, parse_workflow  # noqa: PLC0415
+    from harel_edge.worker_process import serve  # noqa: PLC0415
 
     g: Globals = ctx.obj
     settings = g.settings(
-        metrics_port=metrics_port, max_in_flight=max_in_flight, max_workflow_passes=max_workflow_passes
+        deployment=True, metrics_port=metrics_port, max_in_flight=max_in_flight, max_workflow_passes=max_workflow_passes
     )
     if "worker_id" not in settings.model_fields_set:
         # The default, hostname-pid, is the same in every container of a scaled service (one
@@ -189,8 +190,10 @@ def worker(
     load_definitions(definitions)  # a bad directory or machine fails here, before any process starts
     for spec in options.workflows:
         spec.load()
-    # A foreign file, a refused or read-only token, an unreachable primary: fail now, clearly.
-    check_writable(settings, adopt=adopt)
+    if not settings.is_deployment:
+        # A foreign file, a refused or read-only token, an unreachable primary: fail now, clearly.
+        # (A deployment's databases are each reported and retried on their own instead.)
+        check_writable(settings, adopt=adopt)
     if processes == 1:
         report = serve(settings, options)
         if report.error:

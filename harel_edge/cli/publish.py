@@ -65,6 +65,7 @@ def publish(
         None, "--max-wait", metavar="SECONDS", help="With --debounce: never later than this after the first."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the published event as JSON."),
+    database: str | None = typer.Option(None, "--database", metavar="NAME", help="Which of the deployment's databases."),
 ) -> None:
     """Append an event to a group's queue, or many with --from FILE.
 
@@ -87,7 +88,7 @@ def publish(
                 "--from FILE takes each event's group, kind, id, create and flow-control fields from its lines: "
                 "drop GROUP, KIND, --id, --create, --delay, --at, --limit-key and the --debounce options"
             )
-        _publish_from(ctx, from_file, definitions, as_json)
+        _publish_from(ctx, from_file, definitions, as_json, database)
         return
     if group is None or kind is None:
         raise ConfigurationError("give GROUP and KIND (e.g. harel-edge publish order-1 Pay), or --from FILE")
@@ -104,7 +105,7 @@ def publish(
         definitions=definitions,
         hold=hold,
     )
-    published = publishing.publish(ctx.obj.settings(), request)
+    published = publishing.publish(ctx.obj.settings(database=database), request)
     if as_json:
         print(json.dumps(published.as_dict()))
     elif published.duplicate:
@@ -136,7 +137,7 @@ def _unix_time(text: str) -> float:
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
-def _publish_from(ctx: typer.Context, source: str, definitions: str | None, as_json: bool) -> None:
+def _publish_from(ctx: typer.Context, source: str, definitions: str | None, as_json: bool, database: str | None) -> None:
     """`publish --from`: read and check every line, then send them in batches behind a progress bar."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
@@ -150,7 +151,7 @@ def _publish_from(ctx: typer.Context, source: str, definitions: str | None, as_j
             raise ConfigurationError(f"--from {source}: no such file (give an NDJSON file, or - to read stdin)")
         with path.open("rb") as binary:
             requests = publishing.read_lines(publishing.utf8_lines(binary), source, definitions=definitions)
-    settings = ctx.obj.settings()
+    settings = ctx.obj.settings(database=database)
     with Progress(
         TextColumn("publishing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True
     ) as progress:

@@ -49,6 +49,8 @@ def command_paths() -> list[list[str]]:
         ["limits", "set"],
         ["limits", "list"],
         ["limits", "clear"],
+        ["databases"],
+        ["databases", "create"],
         ["doctor"],
     ]
 

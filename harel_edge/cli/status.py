@@ -14,7 +14,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from harel_edge.cli.app import console, handled, out, plural, scrub_text, shown
+from harel_edge.cli.app import EXIT_PROBLEM, console, handled, out, plural, scrub_text, shown
 from harel_edge.errors import PrimaryUnavailableError, tidy
 
 if TYPE_CHECKING:
@@ -28,13 +28,22 @@ def status(
     groups: int = typer.Option(10, "--groups", min=0, help="How many of the deepest groups to list."),
     watch: bool = typer.Option(False, "--watch", "-w", help="Redraw every --interval seconds until Ctrl-C."),
     interval: float = typer.Option(2.0, "--interval", min=0.2, metavar="SECONDS", help="How often --watch reads."),
+    database: str | None = typer.Option(None, "--database", metavar="NAME", help="Which of the deployment's databases."),
+    all_databases: bool = typer.Option(False, "--all", help="Each database of HAREL_EDGE_DATABASES, and their total."),
 ) -> None:
     """Show the queue, held-back work, workers, workflows and a replica's lag.
 
     Depth by priority, routing key and group, in flight, parked, each worker's last heartbeat. Reads only.
+    --all: one line for each database of the deployment, and the total.
     """
-    settings = ctx.obj.settings()
     from harel_edge.status import collect_status  # noqa: PLC0415
+
+    if all_databases:
+        if watch:
+            raise typer.BadParameter("--watch redraws one database: give --database NAME instead of --all")
+        _each_database(ctx.obj.settings(deployment=True), as_json)
+        return
+    settings = ctx.obj.settings(database=database)
 
     if watch and as_json:
         raise typer.BadParameter("--watch draws tables; for JSON, run `status --json` as often as you need")
@@ -235,3 +244,42 @@ def _workflows(workflows: dict[str, Any] | None) -> list[RenderableType]:
 def _counted(line: str, notable: int, hint: str) -> Text:
     """A status line, with the command that shows more when there is something to see."""
     return Text(line + (f" (`harel-edge {hint})" if notable else ""))
+
+
+TOTALS = ("messages", "queued", "in_flight", "parked", "groups")
+
+
+def _each_database(settings: Any, as_json: bool) -> None:
+    """`status --all`: each database's queue totals and workers, a failed one said, then the sum."""
+    from harel_edge.deployment import each_database  # noqa: PLC0415
+    from harel_edge.status import collect_status  # noqa: PLC0415
+
+    results = each_database(settings, lambda one: collect_status(one, top=0))
+    total = dict.fromkeys(TOTALS, 0)
+    for each in results:
+        if each.error is None:
+            for key in TOTALS:
+                total[key] += each.value.queue["totals"][key]
+    if as_json:
+        print(json.dumps({
+            "databases": {e.database: e.value.as_dict() if e.error is None else {"error": e.error} for e in results},
+            "total": total,
+        }, indent=2, default=str))
+    else:
+        out.print(_databases_table(results, total))
+    if any(each.error is not None for each in results):
+        raise typer.Exit(EXIT_PROBLEM)  # each one's error is said beside it
+
+
+def _databases_table(results: list, total: dict[str, int]) -> Table:
+    table = Table(title=f"{plural(len(results), 'database')}")
+    for column in ("database", "messages", "queued", "in flight", "parked", "groups", "workers"):
+        table.add_column(column, justify="left" if column == "database" else "right")
+    for each in results:
+        if each.error is not None:
+            table.add_row(each.database, f"FAILED: {shown(each.error)}", *[""] * 5)
+            continue
+        totals = each.value.queue["totals"]
+        table.add_row(each.database, *[str(totals[key]) for key in TOTALS], str(len(each.value.workers)))
+    table.add_row("total", *[str(total[key]) for key in TOTALS], "")
+    return table

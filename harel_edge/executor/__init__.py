@@ -26,6 +26,7 @@ def open_executor(settings: EdgeSettings, *, local_runner: Any = None) -> Execut
     """The executor for the settings' profile: a local file (on `local_runner`'s connection if
     given, see `LocalExecutor`), or the primary over Hrana (sqld, and every write of a replica,
     whose embedded file keeps serving local reads)."""
+    settings.one_database()  # a deployment's settings name no one database to open
     if settings.profile in ("sqld", "replica"):
         from harel_edge.executor.remote import HranaExecutor  # noqa: PLC0415 - only remote profiles need aiohttp
 

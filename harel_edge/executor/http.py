@@ -58,6 +58,7 @@ class PrimaryHttp:
         self.where = server
         token = settings.auth_token.get_secret_value().strip() if settings.auth_token else ""
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._headers.update(settings.database_header)
         self._base_url = http_base_url(server)
         self._proxy = environment_proxy(self._base_url)
         self._pool = pool

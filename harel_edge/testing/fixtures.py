@@ -113,6 +113,19 @@ def module_sqld_primary() -> Iterator[SqldServer]:
     yield from _shared_primary()
 
 
+@pytest.fixture(scope="module")
+def sqld_namespaces() -> Iterator[SqldServer]:
+    """A sqld primary of many databases (namespaces, no default one; its admin API at
+    ``admin_url``) for one test module; each test makes namespaces of its own."""
+    from harel_edge.testing.sqld import start_sqld_primary  # noqa: PLC0415
+
+    server = _start(start_sqld_primary, namespaces=True)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
 @pytest.fixture(autouse=True)
 def _shared_primaries_keep_only_what_was_there(request: pytest.FixtureRequest) -> Iterator[None]:
     """After a test that uses a shared primary, drop the tables, views and triggers it made there:

@@ -28,7 +28,7 @@ def env_for(values: dict[str, Any] | None = None, **extra: str) -> dict[str, str
             continue
         if hasattr(value, "get_secret_value"):
             value = value.get_secret_value()
-        env[f"HAREL_EDGE_{key.upper()}"] = str(value)
+        env[f"HAREL_EDGE_{key.upper()}"] = ",".join(value) if isinstance(value, tuple) else str(value)
     env.update(extra)
     return env
 

@@ -73,7 +73,7 @@ def _free_port(avoid: set[int]) -> int:
     """A port of this process's slice that is free on 127.0.0.1 now and held by none of its
     servers (a killed one keeps its port for its restart), tried in random order."""
     low, high = launcher_ports()
-    taken = avoid | {port for server in list(_LIVE) for port in (server.http_port, server.grpc_port)}
+    taken = avoid | {port for server in list(_LIVE) for port in (server.http_port, server.grpc_port, server.admin_port)}
     candidates = [port for port in range(low, high + 1) if port not in taken]
     random.shuffle(candidates)
     for port in candidates:
@@ -111,6 +111,7 @@ def _launch(
     extra_args: list[str],
     startup_timeout: float,
     checkpoint_interval_s: int | None = None,
+    namespaces: bool = False,
 ) -> SqldServer:
     image = image or sqld_image()
     chosen = choose_backend(backend, image=image) if binary is None else (backend or "binary")
@@ -141,9 +142,12 @@ def _launch(
     for _attempt in range(attempts):
         with _PORT_LOCK:
             port = http_port or _free_port(set())
-            gport = None
+            gport = aport = None
             if role == "primary":
                 gport = grpc_port or _free_port({port})
+            if namespaces:
+                aport = _free_port({port, gport} - {None})
+        more = ["--enable-namespaces", "--disable-default-namespace", "--admin-listen-addr", f"{LOOPBACK}:{aport}"] if aport else []
         # The same settings as flags (binary) or as the env vars sqld reads for them (docker).
         settings = {
             "--db-path": ("SQLD_DB_PATH", str(inside / "data.sqld")),
@@ -167,16 +171,17 @@ def _launch(
             if primary is not None:
                 env["SQLD_PRIMARY_URL"] = env["SQLD_PRIMARY_GRPC_URL"]
             process: _BinaryProcess | _DockerProcess = _DockerProcess(
-                image, env, ["--no-welcome", *extra_args], work, f"sqld-{role}"
+                image, env, ["--no-welcome", *more, *extra_args], work, f"sqld-{role}"
             )
         else:
             args = [item for flag, (_env, value) in settings.items() for item in (flag, value)]
-            process = _BinaryProcess(binary_path, [*args, "--no-welcome", *extra_args], work)
+            process = _BinaryProcess(binary_path, [*args, "--no-welcome", *more, *extra_args], work)
         server = SqldServer(
             role=role,
             process=process,
             http_port=port,
             grpc_port=gport,
+            admin_port=aport,
             work_dir=work,
             data_dir=work / "data.sqld",
             owns_work_dir=owns_work_dir,
@@ -216,9 +221,11 @@ def start_sqld_primary(
     extra_args: list[str] | tuple[str, ...] = (),
     startup_timeout: float = 30.0,
     checkpoint_interval_s: int | None = CHECKPOINT_INTERVAL_S,
+    namespaces: bool = False,
 ) -> SqldServer:
     """Start a sqld primary on 127.0.0.1 and return it once `/health` answers. It checkpoints
     every `checkpoint_interval_s` seconds (None: sqld's automatic checkpoint, which can wedge it).
+    With `namespaces`, it serves many databases and no default one, its admin API at `admin_url`.
 
     `SqldUnavailable` if sqld cannot run here, `SqldStartError` if not ready in time (docs/testing.md).
     """
@@ -226,6 +233,7 @@ def start_sqld_primary(
         role="primary", backend=backend, image=image, binary=binary, auth=auth, keys=keys, key_format=key_format,
         work_dir=work_dir, http_port=http_port, grpc_port=grpc_port, primary=None,
         extra_args=list(extra_args), startup_timeout=startup_timeout, checkpoint_interval_s=checkpoint_interval_s,
+        namespaces=namespaces,
     )
 
 

@@ -85,6 +85,7 @@ class SqldServer:
         http_port: int,
         grpc_port: int | None,
         work_dir: Path,
+        admin_port: int | None = None,
         data_dir: Path,
         owns_work_dir: bool,
         keys: SqldKeys | None,
@@ -97,6 +98,8 @@ class SqldServer:
         self.grpc_port = grpc_port
         self.http_url = f"http://{LOOPBACK}:{http_port}"
         self.grpc_url = f"http://{LOOPBACK}:{grpc_port}" if grpc_port else None
+        self.admin_port = admin_port
+        self.admin_url = f"http://{LOOPBACK}:{admin_port}" if admin_port else None  # with namespaces
         self.work_dir = work_dir
         self.data_dir = data_dir
         self._owns_work_dir = owns_work_dir

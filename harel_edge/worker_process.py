@@ -1,0 +1,110 @@
+"""One worker process: its signals and garbage collector, and the databases it serves: one, or
+each database of a deployment (HAREL_EDGE_DATABASES) side by side, each retried on its own."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import signal
+from collections.abc import Callable
+
+import structlog
+
+from harel_edge import observability, retry
+from harel_edge.loop_thread import run_main
+from harel_edge.settings import EdgeSettings
+from harel_edge.worker import WorkerOptions, WorkerReport, run_worker
+
+# Python's default (700, 10, 10) collects an event's objects while it waits for the primary and
+# promotes them, so full collections come often: measured in docs/tuning.md.
+GC_THRESHOLDS = (5000, 50, 10)
+
+log = structlog.get_logger("harel_edge.worker")
+
+
+async def run_process(
+    settings: EdgeSettings, options: WorkerOptions, stop: asyncio.Event, *, ready: Callable[[], None] | None = None
+) -> WorkerReport:
+    """Serve the database the settings name, or every database of their deployment, until `stop`."""
+    if settings.is_deployment:
+        return await run_databases(settings, options, stop, ready=ready)
+    return await run_worker(settings, options, stop, ready=ready)
+
+
+def shares(settings: EdgeSettings) -> dict[str, int]:
+    """Each database's part of the process's window and durable passes: an equal split, so a busy
+    database can never take a quiet one's part (docs/deploy.md, "A database per tenant")."""
+    count = len(settings.databases)
+    return {
+        "max_in_flight": max(1, settings.max_in_flight // count),
+        "max_workflow_passes": max(1, settings.max_workflow_passes // count),
+    }
+
+
+async def run_databases(
+    settings: EdgeSettings, options: WorkerOptions, stop: asyncio.Event, *, ready: Callable[[], None] | None = None
+) -> WorkerReport:
+    """A worker for each database of the deployment, side by side on this loop, each with its own
+    executor: one that fails to start (unreachable, refused, a schema too new) is logged and
+    started again on its own while the others go on. `ready` once each has started or failed once."""
+    names = settings.databases
+    part = shares(settings)
+    reports: dict[str, WorkerReport] = {}
+    waiting = set(names)
+
+    def up(name: str) -> None:
+        waiting.discard(name)
+        if not waiting and ready is not None:
+            ready()
+
+    async def serve_one(name: str) -> None:
+        one = settings.for_database(name).model_copy(update=part)
+
+        async def attempt() -> None:
+            try:
+                reports[name] = await run_worker(one, options, stop, ready=lambda: up(name))
+            except Exception:
+                up(name)  # it is reported, and tried again; the process is up for the others
+                raise
+
+        await retry.restarting(f"database {name}", attempt, stop)
+
+    log.info("serving databases", databases=list(names), **part)
+    await asyncio.gather(*(serve_one(name) for name in names))
+    return WorkerReport.total(settings.worker_id, reports)
+
+
+def serve(settings: EdgeSettings, options: WorkerOptions) -> WorkerReport:
+    """Run this process's worker until SIGTERM or SIGINT; the `worker` command's body."""
+
+    async def main() -> WorkerReport:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        signals = {"count": 0}
+
+        def on_signal() -> None:
+            signals["count"] += 1
+            if signals["count"] > 1:
+                log.warning("second signal: cancelling what is still running")
+                for task in asyncio.all_tasks(loop):
+                    if task.get_name() in ("statecharts",) or task.get_name().startswith("workflows:"):
+                        task.cancel()
+            stop.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+        return await run_process(settings, options, stop)
+
+    if settings.metrics_port:
+        observability.serve_metrics(settings.metrics_port)
+    tune_garbage_collector()
+    return run_main(main())
+
+
+def tune_garbage_collector() -> None:
+    """Freeze what start-up made (it lives as long as the process) and collect young objects
+    less often (`GC_THRESHOLDS`): both shorten the collections that stall the worker's one event
+    loop (docs/tuning.md, "Pauses of the event loop")."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
