@@ -1,0 +1,193 @@
+"""Many databases, one worker: a sqld serving namespaces 20 ms away (through `LatencyProxy`).
+
+(a) `--tenants` namespaces with `--orders` orders each (the demo's statechart, 4 events an
+    order) drained by ONE worker process serving them all (`run_process` on HAREL_EDGE_DATABASES),
+    against the same events in ONE database drained by the same worker: the rate as a ratio, each
+    tenant's finish time (from the worker's start to its queue empty) against the median tenant's,
+    and whether every order of every tenant was delivered.
+(b) `--idle` namespaces with nothing to do: the requests the worker sends the primary a second
+    (counted at the executor), and how long one event published to one of them waits to be handled.
+
+    HAREL_EDGE_SQLD_BACKEND=binary .venv/bin/python benchmarks/bench_databases.py
+    HAREL_EDGE_SQLD_BACKEND=binary .venv/bin/python benchmarks/bench_databases.py --tenants 50 --orders 100 --idle 500
+
+Only ratios of one run mean anything: the machine is shared and noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import statistics
+import time
+import urllib.request
+from pathlib import Path
+
+os.environ.setdefault("RUST_LOG", "error")
+
+from harel.engine.execution import Execution  # noqa: E402
+from harel.spec.states import Event  # noqa: E402
+
+import harel_edge.examples.actions as actions  # noqa: E402
+from harel_edge import logs  # noqa: E402
+from harel_edge.executor import Stmt, open_executor  # noqa: E402
+from harel_edge.executor.http import PrimaryHttp  # noqa: E402
+from harel_edge.migration import migrate  # noqa: E402
+from harel_edge.queue import LibsqlTransport, Message  # noqa: E402
+from harel_edge.settings import ExplicitSettings  # noqa: E402
+from harel_edge.store import EdgeStore  # noqa: E402
+from harel_edge.testing import start_sqld_primary  # noqa: E402
+from harel_edge.testing.proxy import LatencyProxy  # noqa: E402
+from harel_edge.worker import WorkerOptions  # noqa: E402
+from harel_edge.worker_process import run_process, tune_garbage_collector  # noqa: E402
+
+EXAMPLES = str(Path(actions.__file__).parent)
+STEPS = (("Start", {}), ("Pay", {"amount": 2.0}), ("Ship", {}), ("Deliver", {}))
+SENT = [0]  # requests to the primary, counted at the executor
+
+
+def count_requests() -> None:
+    send = PrimaryHttp.send
+
+    async def counted(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        SENT[0] += 1
+        return await send(self, *args, **kwargs)
+
+    PrimaryHttp.send = counted
+
+
+def create(server, names: list[str]) -> None:
+    for name in names:
+        request = urllib.request.Request(
+            f"{server.admin_url}/v1/namespaces/{name}/create", data=b"{}", method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        urllib.request.urlopen(request, timeout=10).close()  # noqa: S310
+
+
+def seed(settings, orders: int, tenant: str) -> None:
+    migrate(settings)
+    with EdgeStore(settings, create_schema=False) as store, LibsqlTransport(settings=settings, create_schema=False) as t:
+        for i in range(orders):
+            store.save(Execution(id=f"{tenant}-{i}", definition_id="order"))
+        t.publish_many(Message(f"{tenant}-{i}", Event(kind=k, data=d)) for i in range(orders) for k, d in STEPS)
+
+
+async def drain(settings, direct: dict, orders: int, timeout: float) -> dict:
+    """Run one worker process on `settings` until every database in `direct` is empty."""
+    watchers = {name: open_executor(one) for name, one in direct.items()}
+    stop = asyncio.Event()
+    options = WorkerOptions(definitions_dir=EXAMPLES, idle_sleep=0.005, sample_every=5.0)
+    began = time.monotonic()
+    worker = asyncio.create_task(run_process(settings, options, stop))
+    finished: dict[str, float] = {}
+    while len(finished) < len(watchers) and time.monotonic() - began < timeout and not worker.done():
+        for name, watcher in watchers.items():
+            if name not in finished:
+                left = (await watcher.execute(Stmt("SELECT count(*) FROM bench_transport_messages"))).rows[0][0]
+                if left == 0:
+                    finished[name] = time.monotonic() - began
+        await asyncio.sleep(0.05)
+    seconds = time.monotonic() - began
+    stop.set()
+    await worker
+    delivered = 0
+    for watcher in watchers.values():
+        sql = "SELECT count(*) FROM bench_executions WHERE json_extract(data, '$.active_path') = 'Delivered'"
+        delivered += (await watcher.execute(Stmt(sql))).rows[0][0]
+        await watcher.aclose()
+    events = len(watchers) * orders * len(STEPS) if len(watchers) > 1 else orders * len(STEPS)
+    return {"seconds": seconds, "events": events, "rate": events / seconds, "finished": finished, "delivered": delivered}
+
+
+async def idle(settings, direct: dict, seconds: float) -> dict:
+    """The requests an idle worker of every database sends a second, then one event's wait."""
+    stop = asyncio.Event()
+    options = WorkerOptions(definitions_dir=EXAMPLES, idle_sleep=0.005, sample_every=5.0)
+    ready = asyncio.Event()
+    worker = asyncio.create_task(run_process(settings, options, stop, ready=ready.set))
+    await asyncio.wait_for(ready.wait(), 300)
+    await asyncio.sleep(2.0)  # every idle backoff at its longest
+    before, began = SENT[0], time.monotonic()
+    await asyncio.sleep(seconds)
+    per_second = (SENT[0] - before) / (time.monotonic() - began)
+    name, one = next(iter(direct.items()))
+    await asyncio.to_thread(seed, one, 1, "late")
+    published = time.monotonic()
+    watcher = open_executor(one)
+    while (await watcher.execute(Stmt("SELECT count(*) FROM bench_transport_messages"))).rows[0][0] > 0:
+        await asyncio.sleep(0.01)
+    waited = time.monotonic() - published
+    await watcher.aclose()
+    stop.set()
+    await worker
+    return {"requests_per_second": per_second, "pickup_seconds": waited}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tenants", type=int, default=50)
+    parser.add_argument("--orders", type=int, default=100, help="orders a tenant, 4 events each")
+    parser.add_argument("--idle", type=int, default=500, help="idle namespaces for (b); 0: skip it")
+    parser.add_argument("--idle-seconds", type=float, default=5.0)
+    parser.add_argument("--rtt", type=float, default=20.0, help="milliseconds to the primary")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    logs.configure_logging(level="error")
+    tune_garbage_collector()
+    count_requests()
+    tag = secrets.token_hex(2)
+    rows: dict = {}
+    with start_sqld_primary(namespaces=True) as server, LatencyProxy(server.http_port, delay=args.rtt / 2000) as proxy:
+        common = {"prefix": "bench", "worker_id": "bench", "auth_token": server.rw_token}
+
+        def deployment(url: str, names: list[str]) -> ExplicitSettings:
+            return ExplicitSettings.load(profile="sqld", url=url, databases=",".join(names), **common)
+
+        tenants = [f"t{tag}-{i}" for i in range(args.tenants)]
+        create(server, [f"one{tag}", *tenants])
+        one = ExplicitSettings.load(profile="sqld", url=proxy.url, database=f"one{tag}", **common)
+        one_direct = ExplicitSettings.load(profile="sqld", url=server.http_url, database=f"one{tag}", **common)
+        for i in range(args.tenants):
+            seed(one_direct, args.orders, f"t{i}")
+        many, many_direct = deployment(proxy.url, tenants), deployment(server.http_url, tenants)
+        for name in tenants:
+            seed(many_direct.for_database(name), args.orders, name)
+        rows["one database"] = asyncio.run(drain(one, {"one": one_direct}, args.tenants * args.orders, args.timeout))
+        direct = {name: many_direct.for_database(name) for name in tenants}
+        rows["many databases"] = asyncio.run(drain(many, direct, args.orders, args.timeout))
+        if args.idle:
+            quiet = [f"q{tag}-{i}" for i in range(args.idle)]
+            create(server, quiet)
+            quiet_direct = deployment(server.http_url, quiet)
+            for name in quiet:
+                migrate(quiet_direct.for_database(name))
+            rows["idle"] = asyncio.run(
+                idle(deployment(proxy.url, quiet), {name: quiet_direct.for_database(name) for name in quiet[:1]}, args.idle_seconds)
+            )
+    single, spread = rows["one database"], rows["many databases"]
+    finishes = sorted(spread["finished"].values())
+    median = statistics.median(finishes) if finishes else float("nan")
+    print(f"{args.tenants} tenants x {args.orders} orders (4 events each), {args.rtt:g} ms to the primary\n")
+    print("| drain | events/s | vs one database | slowest tenant vs median | every order delivered |")
+    print("| --- | ---: | ---: | ---: | --- |")
+    total = args.tenants * args.orders
+    print(f"| one database | {single['rate']:.0f} | 1.00x | | {single['delivered'] == total} |")
+    print(
+        f"| {args.tenants} databases, one worker | {spread['rate']:.0f} | {spread['rate'] / single['rate']:.2f}x "
+        f"| {max(finishes) / median:.2f}x | {spread['delivered'] == total} |"
+    )
+    if "idle" in rows:
+        quiet_row = rows["idle"]
+        print(f"\n{args.idle} idle databases: {quiet_row['requests_per_second']:.0f} requests/s to the primary; "
+              f"one new event handled after {quiet_row['pickup_seconds']:.2f} s")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
