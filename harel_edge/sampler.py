@@ -104,10 +104,12 @@ async def sample_metrics(
     every: float,
     stop: asyncio.Event,
     vitals: Callable[[float | None], heartbeats.Vitals],
+    *,
+    queue: bool = True,
 ) -> None:
-    """Every `every` seconds: the worker's heartbeat (`vitals(replica_lag)`), the queue's depth
-    and the rest for the metrics (read on the primary through the executor), and the embedded
-    replica's freshness, if there is one."""
+    """Every `every` seconds: the worker's heartbeat (`vitals(replica_lag)`), with `queue` the
+    queue's depth and the rest for the metrics (read on the primary through the executor), and
+    the embedded replica's freshness, if there is one."""
     execute = blocking_execute(executor, asyncio.get_running_loop())
     watch = None if replica is None else ReplicaWatch(settings.db_path, settings.sync_interval or every, every)
     first = True
@@ -115,7 +117,7 @@ async def sample_metrics(
         lag = watch.check() if watch is not None else None
         await send_heartbeat(executor, settings, every, vitals(lag), forget=first)
         first = False
-        for name, read, record in SAMPLES:
+        for name, read, record in SAMPLES if queue else ():
             try:
                 record(await asyncio.to_thread(read, execute, settings.prefix))
             except Exception as exc:  # noqa: BLE001 - sampling is best effort

@@ -31,7 +31,7 @@ from harel_edge.sampler import sample_metrics, send_heartbeat
 from harel_edge.schema_step import prepare
 from harel_edge.settings import EdgeSettings
 from harel_edge.store import EventStore
-from harel_edge.worker_loops import EdgeAsyncWorker, wait_ended
+from harel_edge.worker_loops import IDLE_MAX, EdgeAsyncWorker, wait_ended
 
 # A claim hands out many leases without waiting. Toward a primary the worker starts them 8 at a
 # time, giving the loop a turn in between: their commits leave sooner and no turn of the loop
@@ -106,12 +106,14 @@ class WorkerOptions:
 
     definitions_dir: str | None = None
     workflows: tuple[WorkflowSpec, ...] = ()
-    idle_sleep: float = 0.05  # first pause between claims when the queue is empty (doubling to IDLE_MAX)
+    idle_sleep: float = 0.05  # first pause between claims when the queue is empty (doubling to idle_max)
+    idle_max: float = IDLE_MAX  # the longest pause between claims of an idle worker
     poll: float = 1.0  # how often an idle durable loop looks for ready workflows
     migrate: bool = True  # create or upgrade the schema at start (else only check it)
     adopt: bool = False  # accept a database holding other applications' tables
     grace: float = 30.0  # how long a stop may take before held work is cancelled and given back
     sample_every: float = 5.0  # queue depth and replica sync health, for metrics and logs
+    sample_queue: bool = True  # read the queue for the metrics (one database's: a deployment's workers do not)
     group_counts: bool = False  # report events handled per group (the demo's summary uses it)
 
 
@@ -246,7 +248,7 @@ async def run_worker(
             tasks.append(
                 asyncio.create_task(
                     retry.restarting(
-                        "statecharts", lambda: harel_worker.run(stop, idle_sleep=options.idle_sleep), stop
+                        "statecharts", lambda: harel_worker.run(stop, idle_sleep=options.idle_sleep, idle_max=options.idle_max), stop
                     ),
                     name="statecharts",
                 )
@@ -277,7 +279,8 @@ async def run_worker(
             )
 
         sampler = asyncio.create_task(
-            sample_metrics(replica, executor, settings, options.sample_every, stop, vitals), name="sampler"
+            sample_metrics(replica, executor, settings, options.sample_every, stop, vitals, queue=options.sample_queue),
+            name="sampler",
         )
         log.info(
             "worker started",

@@ -38,10 +38,10 @@ class EdgeAsyncWorker(AsyncWorker):
         self.window = InFlightWindow(self.concurrency, visibility=self.visibility)
         observability.watch_window(self.window)
 
-    async def run(self, stop: asyncio.Event, idle_sleep: float = 0.005) -> None:
+    async def run(self, stop: asyncio.Event, idle_sleep: float = 0.005, idle_max: float = IDLE_MAX) -> None:
         """harel's loop (claim while the window has room, sweep due timers when nothing is
         claimable, nack a message whose handling raised) with the window in place of its
-        fixed semaphore."""
+        fixed semaphore; an idle one polls less and less often, up to `idle_max` seconds."""
         pending: set[asyncio.Task] = set()
         self._stop = stop
 
@@ -58,7 +58,12 @@ class EdgeAsyncWorker(AsyncWorker):
             if len(pending) >= self.window.size:
                 await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 continue
-            lease = await self._claim()
+            fired = None
+            if idle > idle_sleep and not pending:
+                # Polling an idle queue: the claim and the sweep of due timers share one exchange.
+                lease, fired = await asyncio.gather(self._claim(), self.fire_due_timers())
+            else:
+                lease = await self._claim()
             if lease is None:
                 if self.transport.buffered:
                     continue  # a commit's claim brought leases meanwhile: no pause before them
@@ -66,12 +71,12 @@ class EdgeAsyncWorker(AsyncWorker):
                     # Busy: due timers are swept beside the events in flight, never in their way.
                     self._sweep_beside()
                     await asyncio.wait(pending, timeout=idle_sleep, return_when=asyncio.FIRST_COMPLETED)
-                elif await self.fire_due_timers() == 0:
-                    # An idle worker polls less and less often, up to IDLE_MAX: a queue with
-                    # nothing to do costs the primary a few requests a second, not hundreds.
+                elif (fired if fired is not None else await self.fire_due_timers()) == 0:
+                    # An idle worker polls less and less often: a queue with nothing to do costs
+                    # the primary a request or two a second, not hundreds.
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), idle)
-                    idle = min(max(idle, idle_sleep) * 2, max(IDLE_MAX, idle_sleep))
+                    idle = min(max(idle, idle_sleep) * 2, max(idle_max, idle_sleep))
                 continue
             idle = idle_sleep
             task = asyncio.create_task(run_one(lease))

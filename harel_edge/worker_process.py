@@ -4,6 +4,7 @@ each database of a deployment (HAREL_EDGE_DATABASES) side by side, each retried 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import signal
 from collections.abc import Callable
@@ -18,6 +19,9 @@ from harel_edge.worker import WorkerOptions, WorkerReport, run_worker
 # Python's default (700, 10, 10) collects an event's objects while it waits for the primary and
 # promotes them, so full collections come often: measured in docs/tuning.md.
 GC_THRESHOLDS = (5000, 50, 10)
+# An idle database of a deployment polls its queue at most this long apart: a new event waits at
+# most this, and each idle database costs the primary about an exchange a second.
+DEPLOYMENT_IDLE_MAX = 1.0
 
 log = structlog.get_logger("harel_edge.worker")
 
@@ -49,6 +53,8 @@ async def run_databases(
     started again on its own while the others go on. `ready` once each has started or failed once."""
     names = settings.databases
     part = shares(settings)
+    # The queue metrics are one database's (their gauges would take turns); `status --all` reads all.
+    options = dataclasses.replace(options, idle_max=max(options.idle_max, DEPLOYMENT_IDLE_MAX), sample_queue=False)
     reports: dict[str, WorkerReport] = {}
     waiting = set(names)
 
