@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import re
+from pathlib import Path
 
 TEMPLATE = "{database}"
 # A DNS label's characters (a name may become a host name's first label or a file's name), lower case.
@@ -44,3 +45,14 @@ def render(value: str, name: str) -> str:
 def namespace_header(name: str) -> dict[str, str]:
     """The header that sends a Hrana request to sqld's namespace `name` (base64, no padding)."""
     return {NAMESPACE_HEADER: base64.b64encode(name.encode()).decode().rstrip("=")}
+
+
+def read_names_file(path: str) -> tuple[str, ...]:
+    """The names a databases file holds, one a line (blank lines and `#` comments left out)."""
+    variable = "HAREL_EDGE_DATABASES_FILE"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{variable}={path!r} cannot be read ({exc}): give a text file, one database name a line") from None
+    lines = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+    return split_names(f"{variable} ({path})", [line for line in lines if line])

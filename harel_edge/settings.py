@@ -126,6 +126,11 @@ class EdgeSettings(BaseSettings):
         description="Comma-separated databases of a deployment: one worker serves them all, "
         "`migrate --all` and `status --all` go through each; other commands take --database NAME.",
     )
+    databases_file: str | None = Field(
+        default=None,
+        description="A file naming the deployment's databases, one a line (# comments): read at start "
+        "instead of HAREL_EDGE_DATABASES, and again by a running worker when it changes.",
+    )
     admin_url: str | None = Field(
         default=None, description="sqld's admin API (its --admin-listen-addr), where `databases create` makes namespaces."
     )

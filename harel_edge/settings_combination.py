@@ -14,6 +14,12 @@ def check(settings: Any) -> bool:
     """Every check, in order: the profile is inferred and checked once `{database}` is filled in.
     Returns whether requests name the database by header (a namespace of a sqld at one address)."""
     window_outlasts_retries(settings)
+    if settings.databases_file is not None:
+        if settings.databases and settings.database is None:
+            raise ValueError("HAREL_EDGE_DATABASES and HAREL_EDGE_DATABASES_FILE are both set: keep one")
+        settings.databases = database_names.read_names_file(settings.databases_file)
+        if not settings.databases:
+            raise ValueError(f"HAREL_EDGE_DATABASES_FILE={settings.databases_file!r} names no database: add one a line")
     templated = [f for f in ("db_path", "url", "sync_url") if database_names.TEMPLATE in (getattr(settings, f) or "")]
     database_filled_in(settings, templated)
     coherent_profile(settings)

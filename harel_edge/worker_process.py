@@ -4,14 +4,16 @@ each database of a deployment (HAREL_EDGE_DATABASES) side by side, each retried 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
+import os
 import signal
 from collections.abc import Callable
 
 import structlog
 
-from harel_edge import observability, retry
+from harel_edge import database_names, observability, retry
 from harel_edge.loop_thread import run_main
 from harel_edge.settings import EdgeSettings
 from harel_edge.worker import WorkerOptions, WorkerReport, run_worker
@@ -22,6 +24,7 @@ GC_THRESHOLDS = (5000, 50, 10)
 # An idle database of a deployment polls its queue at most this long apart: a new event waits at
 # most this, and each idle database costs the primary about an exchange a second.
 DEPLOYMENT_IDLE_MAX = 1.0
+FOLLOW_EVERY = 1.0  # seconds between looks at HAREL_EDGE_DATABASES_FILE
 
 log = structlog.get_logger("harel_edge.worker")
 
@@ -35,10 +38,10 @@ async def run_process(
     return await run_worker(settings, options, stop, ready=ready)
 
 
-def shares(settings: EdgeSettings) -> dict[str, int]:
-    """Each database's part of the process's window and durable passes: an equal split, so a busy
-    database can never take a quiet one's part (docs/deploy.md, "A database per tenant")."""
-    count = len(settings.databases)
+def shares(settings: EdgeSettings, count: int) -> dict[str, int]:
+    """Each of `count` databases' part of the process's window and durable passes: an equal split,
+    so a busy database can never take a quiet one's part (docs/deploy.md, "A database per tenant")."""
+    count = max(1, count)
     return {
         "max_in_flight": max(1, settings.max_in_flight // count),
         "max_workflow_passes": max(1, settings.max_workflow_passes // count),
@@ -50,34 +53,84 @@ async def run_databases(
 ) -> WorkerReport:
     """A worker for each database of the deployment, side by side on this loop, each with its own
     executor: one that fails to start (unreachable, refused, a schema too new) is logged and
-    started again on its own while the others go on. `ready` once each has started or failed once."""
-    names = settings.databases
-    part = shares(settings)
+    started again on its own while the others go on. With HAREL_EDGE_DATABASES_FILE, a database
+    added to the file is started and one taken out is stopped (what it holds finished or given
+    back first). `ready` once each database named at start has started or failed once."""
     # The queue metrics are one database's (their gauges would take turns); `status --all` reads all.
     options = dataclasses.replace(options, idle_max=max(options.idle_max, DEPLOYMENT_IDLE_MAX), sample_queue=False)
     reports: dict[str, WorkerReport] = {}
-    waiting = set(names)
+    running: dict[str, tuple[asyncio.Task, asyncio.Event]] = {}
+    waiting = set(settings.databases)
 
     def up(name: str) -> None:
         waiting.discard(name)
         if not waiting and ready is not None:
             ready()
 
-    async def serve_one(name: str) -> None:
+    async def serve_one(name: str, own_stop: asyncio.Event, part: dict[str, int]) -> None:
         one = settings.for_database(name).model_copy(update=part)
 
         async def attempt() -> None:
             try:
-                reports[name] = await run_worker(one, options, stop, ready=lambda: up(name))
+                reports[name] = await run_worker(one, options, own_stop, ready=lambda: up(name))
             except Exception:
                 up(name)  # it is reported, and tried again; the process is up for the others
                 raise
 
-        await retry.restarting(f"database {name}", attempt, stop)
+        await retry.restarting(f"database {name}", attempt, own_stop)
 
-    log.info("serving databases", databases=list(names), **part)
-    await asyncio.gather(*(serve_one(name) for name in names))
+    def start(names: tuple[str, ...]) -> None:
+        part = shares(settings, len(names))
+        for name in names:
+            if name not in running:
+                own_stop = asyncio.Event()
+                running[name] = (asyncio.create_task(serve_one(name, own_stop, part), name=f"database:{name}"), own_stop)
+
+    start(settings.databases)
+    log.info("serving databases", databases=list(settings.databases), **shares(settings, len(settings.databases)))
+    if settings.databases_file is None:
+        await stop.wait()
+    else:
+        await _follow(settings.databases_file, stop, running, start)
+    for _task, own_stop in running.values():
+        own_stop.set()
+    await asyncio.gather(*(task for task, _ in running.values()))
     return WorkerReport.total(settings.worker_id, reports)
+
+
+async def _follow(path: str, stop: asyncio.Event, running: dict, start: Callable[[tuple[str, ...]], None]) -> None:
+    """Until `stop`: read the databases file when it changes; start the databases added, stop
+    those taken out. A file that cannot be read or names a bad database changes nothing."""
+    seen = _changed_at(path)
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), FOLLOW_EVERY)
+        now = _changed_at(path)
+        if now == seen or stop.is_set():
+            continue
+        seen = now
+        try:
+            names = database_names.read_names_file(path)
+        except ValueError as exc:
+            log.error("the databases file was not read; the databases served stay as they were", error=str(exc))
+            continue
+        for name in [name for name in running if name not in names]:
+            log.info("database taken out of the file: finishing what it holds, then stopping", database=name)
+            task, own_stop = running.pop(name)
+            own_stop.set()
+            await asyncio.shield(task)
+        added = [name for name in names if name not in running]
+        if added:
+            log.info("databases added to the file: starting them", databases=added)
+            start(names)
+
+
+def _changed_at(path: str) -> tuple[float, int] | None:
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_mtime, status.st_size
 
 
 def serve(settings: EdgeSettings, options: WorkerOptions) -> WorkerReport:

@@ -67,3 +67,21 @@ def test_the_admin_key_is_never_shown():
     )
     assert settings.admin_key.get_secret_value() == "very-secret-key"
     assert "very-secret-key" not in repr(settings) and "very-secret-key" not in str(settings.redacted())
+
+
+def test_a_databases_file_names_the_deployment_and_one_that_names_none_or_beside_the_list_is_refused(tmp_path):
+    names = tmp_path / "databases"
+    names.write_text("acme  # the first tenant\n\nglobex\n")
+    settings = ExplicitSettings.load(db_path=str(tmp_path / "{database}.db"), databases_file=str(names))
+    assert settings.databases == ("acme", "globex") and settings.is_deployment
+    with pytest.raises(ConfigurationError) as both:
+        ExplicitSettings.load(db_path=str(tmp_path / "{database}.db"), databases_file=str(names), databases="acme")
+    assert "keep one" in str(both.value)
+    names.write_text("# nobody yet\n")
+    with pytest.raises(ConfigurationError) as empty:
+        ExplicitSettings.load(db_path=str(tmp_path / "{database}.db"), databases_file=str(names))
+    assert "names no database" in str(empty.value)
+    with pytest.raises(ConfigurationError) as missing:
+        ExplicitSettings.load(db_path=str(tmp_path / "{database}.db"), databases_file=str(tmp_path / "nope"))
+    assert "cannot be read" in str(missing.value)
+
