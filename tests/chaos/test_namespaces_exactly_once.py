@@ -31,7 +31,7 @@ from harel_edge.testing import wait_until
 from harel_edge.testing.proxy import LatencyProxy
 
 TENANTS = [f"tenant-{i}" for i in range(10)]
-CHAINS, STEPS = 6, 8  # a tenant's executions, and the steps of each
+CHAINS, STEPS = 6, 30  # a tenant's executions, and the steps of each: a queue that outlasts the faults
 PROGRESS_BETWEEN_FAULTS = 10
 
 pytestmark = [pytest.mark.sqld, pytest.mark.chaos, pytest.mark.slow]
