@@ -1,10 +1,11 @@
-"""`harel-edge dashboard`: a web view of one deployment over the library functions the commands
-render (status, executions, workflows, dead letters). Read-only unless started with write mode,
-which adds the operator's actions (requeue a dead letter; cancel, resume or fork a workflow),
-each behind a per-process form token."""
+"""`harel-edge dashboard`: a web view of one database, or of each of a deployment's under
+/db/NAME/, over the library functions the commands render (status, executions, workflows, dead
+letters). Read-only unless started with write mode, which adds the operator's actions (requeue a
+dead letter; cancel, resume or fork a workflow), each behind a per-process form token."""
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -20,11 +21,18 @@ from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, PlainTextResponse, RedirectResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from harel_edge import dead_letter, executions, workflow_control, workflows
+from harel_edge import database_names, dead_letter, executions, workflow_control, workflows
 from harel_edge.durable.control import CANCELS, COMMANDS, RESUMES
-from harel_edge.errors import AuthError, ConfigurationError, NotFoundError, PrimaryUnavailableError
+from harel_edge.errors import (
+    AuthError,
+    ConfigurationError,
+    HarelEdgeError,
+    NotFoundError,
+    PrimaryUnavailableError,
+)
 from harel_edge.settings import EdgeSettings
 from harel_edge.status import collect_status
 from harel_edge.timestamps import utc_text
@@ -95,20 +103,49 @@ class Guard(BaseHTTPMiddleware):
         return None
 
 
-def create_app(settings: EdgeSettings, *, write: bool = False, hosts: Iterable[str] = ()) -> Starlette:
-    """The dashboard for the deployment `settings` reach; `write` allows the operator's actions;
-    it answers for the loopback names and `hosts`."""
+@functools.cache
+def templates() -> Environment:
+    """The pages' templates, loaded once for every database a dashboard serves."""
     pages = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))
     pages.filters["link"] = id_link
     pages.filters["when"] = utc_text
+    return pages
+
+
+def render(name: str, status_code: int = 200, **values: Any) -> HTMLResponse:
+    return HTMLResponse(templates().get_template(name).render(**values), status_code=status_code)
+
+
+def where(settings: EdgeSettings) -> str:
+    """What a page's header says it reads (a deployment's shows its `{database}` address)."""
+    return f"{settings.profile} at {settings.server or settings.db_path} (prefix {settings.prefix})"
+
+
+def stylesheet(request: Request) -> Response:
+    return FileResponse(TEMPLATES / "dashboard.css", media_type="text/css")
+
+
+def create_app(settings: EdgeSettings, *, write: bool = False, hosts: Iterable[str] = ()) -> Starlette:
+    """The dashboard for what `settings` reach: one database's pages at /, or a deployment's list of
+    databases at / and each one's pages under /db/NAME/; `write` allows the operator's actions;
+    it answers for the loopback names and `hosts`."""
     form_token = secrets.token_urlsafe(16)
-    where = f"{settings.profile} at {settings.server or settings.db_path} (prefix {settings.prefix})"
+    guard = [Middleware(Guard, hosts=[*LOOPBACK_HOSTS, *hosts])]
+    if not settings.is_deployment:
+        return database_app(settings, write=write, form_token=form_token, middleware=guard)
+    return deployment_app(settings, write=write, form_token=form_token, middleware=guard)
+
+
+def database_app(
+    settings: EdgeSettings, *, write: bool, form_token: str, root: str = "", middleware: Iterable[Middleware] = ()
+) -> Starlette:
+    """The pages of one database, at `root` (a deployment's `/db/NAME`, else the top): its own
+    exception handlers, so a database that cannot be read says so on its own pages only."""
+    shared = {"where": where(settings), "write": write, "form_token": form_token, "cancels": CANCELS, "resumes": RESUMES,
+              "root": root, "deployment": bool(root), "database": settings.database if root else None}  # fmt: skip
 
     def page(name: str, status_code: int = 200, **values: Any) -> HTMLResponse:
-        body = pages.get_template(name).render(
-            where=where, write=write, form_token=form_token, cancels=CANCELS, resumes=RESUMES, **values
-        )
-        return HTMLResponse(body, status_code=status_code)
+        return render(name, status_code, **shared, **values)
 
     def problem(status_code: int, title: str, logged: bool = False) -> Callable[[Request, Exception], Response]:
         def handler(request: Request, exc: Exception) -> Response:
@@ -180,7 +217,7 @@ def create_app(settings: EdgeSettings, *, write: bool = False, hosts: Iterable[s
         number = int(request.path_params["id"])
         if await run_in_threadpool(dead_letter.requeue_dead_letter, settings, number) is None:
             raise HTTPException(404, f"no dead letter {number}")
-        return RedirectResponse("/dead-letters", status_code=303)
+        return RedirectResponse(f"{root}/dead-letters", status_code=303)
 
     def control(command: str) -> Callable:
         """The endpoint that cancels, resumes or forks the workflow its form names, and says what changed."""
@@ -201,7 +238,7 @@ def create_app(settings: EdgeSettings, *, write: bool = False, hosts: Iterable[s
 
     routes = [
         Route("/", overview),
-        Route("/style.css", lambda request: FileResponse(TEMPLATES / "dashboard.css", media_type="text/css")),
+        Route("/style.css", stylesheet),
         Route("/executions", listing("executions.html", executions.STATUSES, lambda state, offset: executions.list_executions(
             settings, status=state, limit=LIMIT, offset=offset))),
         Route("/executions/{id:path}", detail("execution.html", "execution", executions.show_execution)),
@@ -214,13 +251,65 @@ def create_app(settings: EdgeSettings, *, write: bool = False, hosts: Iterable[s
     ]  # fmt: skip
     return Starlette(
         routes=routes,
-        middleware=[Middleware(Guard, hosts=[*LOOPBACK_HOSTS, *hosts])],
+        middleware=list(middleware),
         exception_handlers={
             PrimaryUnavailableError: problem(503, "The primary cannot be reached", logged=True),
             AuthError: problem(503, "The primary refused the dashboard's token", logged=True),
             ConfigurationError: problem(400, "Not a page of this dashboard"),
+            HarelEdgeError: problem(500, "The database cannot be used as it is", logged=True),  # no schema, say
         },  # fmt: skip
     )
+
+
+class Databases:
+    """The ASGI app under /db/NAME/: a listed database's pages, made when first asked for (its
+    settings are built for a listed name only), and for any other name the list, as a 404."""
+
+    def __init__(self, settings: EdgeSettings, *, write: bool, form_token: str) -> None:
+        self.settings, self.write, self.form_token = settings, write, form_token
+        self.apps: dict[str, ASGIApp] = {}
+
+    def app(self, name: str) -> ASGIApp:
+        if name not in self.apps:
+            self.apps[name] = database_app(
+                self.settings.for_database(name), write=self.write, form_token=self.form_token, root=f"/db/{name}"
+            )
+        return self.apps[name]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        name = scope["path_params"]["database"]
+        if not (database_names.NAME.fullmatch(name) and name in self.settings.databases):
+            answer: ASGIApp = deployment_page(self.settings, self.write, "databases.html", 404, missing=name)
+        else:
+            try:
+                answer = self.app(name)
+            except (HarelEdgeError, ValueError) as exc:  # not kept: the next request tries again
+                log.warning("a database's settings were refused", database=name, error=str(exc).splitlines()[0])
+                answer = deployment_page(self.settings, self.write, "problem.html", 500, database=name,
+                                         title=f"The settings of {name} were refused", problem=str(exc))  # fmt: skip
+        await answer(scope, receive, send)
+
+
+def deployment_page(settings: EdgeSettings, write: bool, name: str, status_code: int = 200,
+                    database: str | None = None, **values: Any) -> HTMLResponse:  # fmt: skip
+    """A page of the deployment itself: the list of its databases (names and links only, none is
+    read: there may be hundreds), or one database's settings refused."""
+    return render(name, status_code, where=where(settings), write=write, root=f"/db/{database}" if database else "",
+                  deployment=True, database=database, names=settings.databases, names_file=settings.databases_file,
+                  **values)  # fmt: skip
+
+
+def deployment_app(
+    settings: EdgeSettings, *, write: bool, form_token: str, middleware: Iterable[Middleware] = ()
+) -> Starlette:
+    """A deployment's dashboard: its databases at /, each one's pages under /db/NAME/. The list is
+    the one the settings held at start (HAREL_EDGE_DATABASES_FILE is not read again)."""
+    routes = [
+        Route("/", lambda request: deployment_page(settings, write, "databases.html")),
+        Route("/style.css", stylesheet),
+        Mount("/db/{database}", app=Databases(settings, write=write, form_token=form_token)),
+    ]
+    return Starlette(routes=routes, middleware=list(middleware))
 
 
 def serve(

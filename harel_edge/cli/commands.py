@@ -253,12 +253,17 @@ def dashboard(
 ) -> None:
     """Serve a web view of the deployment on 127.0.0.1 until Ctrl-C.
 
-    Queue, keys, workers, executions, workflows and dead letters; read-only unless --write."""
-    settings = ctx.obj.settings()
+    Queue, keys, workers, executions, workflows and dead letters; read-only unless --write. On a
+    deployment of many databases (HAREL_EDGE_DATABASES) without --database, the list of its
+    databases, each one's pages under /db/NAME/."""
+    settings = ctx.obj.settings(deployment=True)
     from harel_edge.dashboard import serve  # noqa: PLC0415
     from harel_edge.status import collect_status  # noqa: PLC0415
 
-    collect_status(settings, top=0)  # refuses, as `status` does, what it cannot read
     mode = "write mode: dead letters can be requeued" if write else "read-only"
+    if settings.is_deployment:  # each database is read when its page is, not all of them now
+        mode += f"; {len(settings.databases)} databases, each under /db/NAME/"
+    else:
+        collect_status(settings, top=0)  # refuses, as `status` does, what it cannot read
     out.print(f"dashboard on http://127.0.0.1:{port}/ ({mode}); Ctrl-C stops it", markup=False)
     serve(settings, port=port, write=write, hosts=allow_host or ())

@@ -241,15 +241,18 @@ def test_every_page_renders_in_headless_chromium(read_only, tmp_path):
         print(f"screenshot of {path}: {tmp_path / f'{name}.png'}")
 
 
-def test_the_command_serves_on_loopback_and_stops_on_ctrl_c(deployment, tmp_path):
+@contextlib.contextmanager
+def dashboard_command(env: dict[str, str], tmp_path: Path) -> Iterator[tuple[int, list[str]]]:
+    """`harel-edge dashboard` running on a free loopback port until the block ends (Ctrl-C then,
+    and its exit code checked); the list gets what it printed."""
     with socket.socket() as probe:  # a port free now; the command binds it a moment later
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = env_for({"profile": "local", "db_path": deployment.db_path})
     process = subprocess.Popen(  # noqa: S603
         [COMMAND, "dashboard", "--port", str(port)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    printed: list[str] = []
     try:
         def answers() -> bool:
             try:
@@ -259,11 +262,19 @@ def test_the_command_serves_on_loopback_and_stops_on_ctrl_c(deployment, tmp_path
                 return False
 
         wait_until(answers, timeout=60, interval=0.1, what="the dashboard command to answer")
+        yield port, printed
     finally:
         process.send_signal(signal.SIGINT)
         stdout, stderr = process.communicate(timeout=60)
+        printed.append(stdout)
     assert process.returncode == 0, stderr
-    assert f"dashboard on http://127.0.0.1:{port}/ (read-only)" in stdout
+
+
+def test_the_command_serves_on_loopback_and_stops_on_ctrl_c(deployment, tmp_path):
+    env = env_for({"profile": "local", "db_path": deployment.db_path})
+    with dashboard_command(env, tmp_path) as (port, printed):
+        pass
+    assert f"dashboard on http://127.0.0.1:{port}/ (read-only)" in printed[0]
 
 
 # ---- the guards: hosts, origins, framing ----------------------------------------------------------
@@ -405,3 +416,119 @@ def test_the_dashboard_says_the_primary_cannot_be_reached_and_comes_back_with_it
     assert "Traceback" not in logged.out + logged.err
     assert (logged.out + logged.err).count("The primary cannot be reached") == 3, "one line a request"
     assert server.rw_token not in logged.out + logged.err
+
+
+# ---- a deployment of many databases: the list at /, each one's pages under /db/NAME/ ------------
+
+
+@pytest.fixture
+def tenants(tmp_path) -> ExplicitSettings:
+    """A deployment of two local files, a and b: a holds an execution and an event queued for it,
+    b nothing."""
+    settings = ExplicitSettings.load(profile="local", db_path=str(tmp_path / "{database}.db"), databases="a,b")
+    for name in settings.databases:
+        migrate(settings.for_database(name))
+    a = settings.for_database("a")
+    with EdgeStore(a) as store, LibsqlTransport(settings=a) as transport:
+        store.save(Execution(id="only-in-a", definition_id="order"))
+        transport.publish("only-in-a", Event(kind="Start"))
+    return settings
+
+
+def test_a_deployments_dashboard_lists_its_databases_with_a_link_to_each(tenants):
+    with Served(tenants, write=False) as served:
+        page = httpx.get(served.url + "/", timeout=30)
+    assert page.status_code == 200
+    assert '<a href="/db/a/">a</a>' in page.text and '<a href="/db/b/">b</a>' in page.text
+    assert "2 databases" in page.text and 'href="/executions"' not in page.text, "no database's own pages at the top"
+
+
+def test_a_deployment_named_in_a_file_lists_the_databases_the_file_held_at_start(tenants, tmp_path):
+    names = tmp_path / "databases"
+    names.write_text("a\n# b is next\nb\n")
+    settings = ExplicitSettings.load(profile="local", db_path=tenants.db_path, databases_file=str(names))
+    with Served(settings, write=False) as served:
+        names.write_text("a\n")
+        page = httpx.get(served.url + "/", timeout=30).text
+        b = httpx.get(served.url + "/db/b/", timeout=30)
+    assert '<a href="/db/a/">a</a>' in page and '<a href="/db/b/">b</a>' in page
+    assert "HAREL_EDGE_DATABASES_FILE named them when the dashboard started" in page
+    assert b.status_code == 200 and "database b" in b.text
+
+
+def test_each_databases_pages_show_its_own_data_and_not_the_others(tenants):
+    with Served(tenants, write=False) as served:
+        a_overview = httpx.get(served.url + "/db/a/", timeout=30).text
+        b_overview = httpx.get(served.url + "/db/b/", timeout=30).text
+        a_list = httpx.get(served.url + "/db/a/executions", timeout=30).text
+        b_list = httpx.get(served.url + "/db/b/executions", timeout=30)
+        a_one = httpx.get(served.url + "/db/a/executions/only-in-a", timeout=30)
+        b_one = httpx.get(served.url + "/db/b/executions/only-in-a", timeout=30)
+    assert "1 message in 1 group" in a_overview and "0 messages in 0 groups" in b_overview
+    assert "database a" in a_overview and "database b" in b_overview, "each page says which database"
+    assert '<a href="/">databases</a>' in a_overview and '<a href="/db/a/executions">executions</a>' in a_overview
+    assert '<a href="/db/a/executions/only-in-a">only-in-a</a>' in a_list
+    assert b_list.status_code == 200 and "only-in-a" not in b_list.text
+    assert a_one.status_code == 200 and "<h1>Execution only-in-a</h1>" in a_one.text
+    assert b_one.status_code == 404 and 'href="/db/b/executions"' in b_one.text, "b's 404 links to b's list"
+
+
+def test_an_unknown_database_is_a_404_listing_the_databases_and_creates_no_file(tenants, tmp_path):
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with Served(tenants, write=False) as served:
+        for name in ("c", "A", "no%20such", "a.db", "-a"):
+            page = httpx.get(f"{served.url}/db/{name}/executions", timeout=30)
+            assert page.status_code == 404, (name, page.text[-300:])
+            assert "No database" in page.text and '<a href="/db/a/">a</a>' in page.text and '<a href="/db/b/">b</a>' in page.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "no database file made for a name not listed"
+
+
+def test_a_database_that_cannot_be_read_says_so_on_its_own_pages_only(tenants, tmp_path):
+    gone = ExplicitSettings.load(profile="local", db_path=str(tmp_path / "{database}.db"), databases="a,b,gone")
+    with Served(gone, write=False) as served:
+        broken = httpx.get(served.url + "/db/gone/", timeout=30)
+        listing = httpx.get(served.url + "/", timeout=30)
+        other = httpx.get(served.url + "/db/a/executions", timeout=30)
+    assert broken.status_code == 500 and "no database at" in broken.text and "database gone" in broken.text
+    assert listing.status_code == 200 and '<a href="/db/gone/">gone</a>' in listing.text
+    assert other.status_code == 200 and "only-in-a" in other.text
+    assert not (tmp_path / "gone.db").exists(), "reading it made no file"
+
+
+def test_a_write_on_a_databases_page_changes_that_database_and_goes_back_to_its_page(tenants):
+    b = tenants.for_database("b")
+    with LibsqlTransport(settings=b) as transport:
+        transport.publish("lost-in-b", Event(kind="Start"))
+        transport.bury(transport.claim("test", 30.0))
+    (letter,) = dead_letter.read_dead_letters(b)
+    with Served(tenants, write=True) as served:
+        page = httpx.get(served.url + "/db/b/dead-letters", timeout=30).text
+        assert f'action="/db/b/dead-letters/{letter.id}/requeue"' in page
+        token = page.split('name="form_token" value="')[1].split('"')[0]
+        own = {"Origin": served.url}
+        stale = httpx.post(f"{served.url}/db/b/dead-letters/{letter.id}/requeue", data={"form_token": "stale"}, headers=own, timeout=30)
+        done = httpx.post(f"{served.url}/db/b/dead-letters/{letter.id}/requeue", data={"form_token": token}, headers=own, timeout=30)
+    assert stale.status_code == 403
+    assert done.status_code == 303 and done.headers["location"] == "/db/b/dead-letters"
+    assert dead_letter.read_dead_letters(b) == [], "requeued in b"
+
+
+def test_a_single_database_and_a_database_chosen_from_a_deployment_keep_the_pages_at_the_top(tenants):
+    for settings in (ExplicitSettings.load(profile="local", db_path=tenants.for_database("a").db_path), tenants.for_database("a")):
+        with Served(settings, write=False) as served:
+            overview = httpx.get(served.url + "/", timeout=30).text
+            listing = httpx.get(served.url + "/executions", timeout=30).text
+            nested = httpx.get(served.url + "/db/a/", timeout=30)
+        assert "1 message in 1 group" in overview and '<a href="/executions">executions</a>' in overview
+        assert ">databases</a>" not in overview
+        assert '<a href="/executions/only-in-a">only-in-a</a>' in listing
+        assert nested.status_code == 404
+
+
+def test_the_command_on_a_deployment_serves_the_list_without_reading_every_database(tenants, tmp_path):
+    env = env_for({"profile": "local", "db_path": tenants.db_path, "databases": "a,b,not-made-yet"})
+    with dashboard_command(env, tmp_path) as (port, printed):
+        listing = httpx.get(f"http://127.0.0.1:{port}/", timeout=30).text
+        overview = httpx.get(f"http://127.0.0.1:{port}/db/a/", timeout=30).text
+    assert '<a href="/db/not-made-yet/">not-made-yet</a>' in listing and "1 message in 1 group" in overview
+    assert f"dashboard on http://127.0.0.1:{port}/ (read-only; 3 databases, each under /db/NAME/)" in printed[0]
