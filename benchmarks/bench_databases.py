@@ -7,9 +7,13 @@
     and whether every order of every tenant was delivered.
 (b) `--idle` namespaces with nothing to do: the requests the worker sends the primary a second
     (counted at the executor), and how long one event published to one of them waits to be handled.
+    With `--doorbell`, the deployment has one (HAREL_EDGE_DOORBELL): the worker's idle pauses grow
+    to 90 s, so the count waits `--idle-warmup` seconds first, and the event's publish rings.
 
     HAREL_EDGE_SQLD_BACKEND=binary .venv/bin/python benchmarks/bench_databases.py
     HAREL_EDGE_SQLD_BACKEND=binary .venv/bin/python benchmarks/bench_databases.py --tenants 50 --orders 100 --idle 500
+    HAREL_EDGE_SQLD_BACKEND=binary .venv/bin/python benchmarks/bench_databases.py --tenants 2 --orders 10 --idle 500 \
+        --doorbell --idle-warmup 240 --idle-seconds 90
 
 Only ratios of one run mean anything: the machine is shared and noisy.
 """
@@ -105,14 +109,14 @@ async def drain(settings, direct: dict, orders: int, timeout: float) -> dict:
             "requests": requests}
 
 
-async def idle(settings, direct: dict, seconds: float) -> dict:
+async def idle(settings, direct: dict, seconds: float, warmup: float) -> dict:
     """The requests an idle worker of every database sends a second, then one event's wait."""
     stop = asyncio.Event()
     options = WorkerOptions(definitions_dir=EXAMPLES, idle_sleep=0.005, sample_every=5.0)
     ready = asyncio.Event()
     worker = asyncio.create_task(run_process(settings, options, stop, ready=ready.set))
     await asyncio.wait_for(ready.wait(), 300)
-    await asyncio.sleep(2.0)  # every idle backoff at its longest
+    await asyncio.sleep(warmup)  # every idle backoff at (or near) its longest
     before, began = SENT[0], time.monotonic()
     await asyncio.sleep(seconds)
     per_second = (SENT[0] - before) / (time.monotonic() - began)
@@ -134,7 +138,9 @@ def main() -> None:
     parser.add_argument("--tenants", type=int, default=50)
     parser.add_argument("--orders", type=int, default=100, help="orders a tenant, 4 events each")
     parser.add_argument("--idle", type=int, default=500, help="idle namespaces for (b); 0: skip it")
-    parser.add_argument("--idle-seconds", type=float, default=5.0)
+    parser.add_argument("--idle-seconds", type=float, default=5.0, help="how long the idle requests are counted")
+    parser.add_argument("--idle-warmup", type=float, default=2.0, help="seconds idle before they are counted")
+    parser.add_argument("--doorbell", action="store_true", help="give the deployment a doorbell for (b)")
     parser.add_argument("--rtt", type=float, default=20.0, help="milliseconds to the primary")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--max-in-flight", type=int, help="HAREL_EDGE_MAX_IN_FLIGHT of the worker (default: the setting's)")
@@ -150,8 +156,8 @@ def main() -> None:
         if args.max_in_flight:
             common["max_in_flight"] = args.max_in_flight
 
-        def deployment(url: str, names: list[str]) -> ExplicitSettings:
-            return ExplicitSettings.load(profile="sqld", url=url, databases=",".join(names), **common)
+        def deployment(url: str, names: list[str], **more: str) -> ExplicitSettings:
+            return ExplicitSettings.load(profile="sqld", url=url, databases=",".join(names), **common, **more)
 
         tenants = [f"t{tag}-{i}" for i in range(args.tenants)]
         create(server, [f"one{tag}", *tenants])
@@ -167,13 +173,15 @@ def main() -> None:
         rows["many databases"] = asyncio.run(drain(many, direct, args.orders, args.timeout))
         if args.idle:
             quiet = [f"q{tag}-{i}" for i in range(args.idle)]
-            create(server, quiet)
-            quiet_direct = deployment(server.http_url, quiet)
-            for name in quiet:
+            bell = {"doorbell": f"bell{tag}"} if args.doorbell else {}
+            create(server, [*quiet, *bell.values()])
+            quiet_direct = deployment(server.http_url, quiet, **bell)
+            for name in [*quiet, *bell.values()]:
                 migrate(quiet_direct.for_database(name))
-            rows["idle"] = asyncio.run(
-                idle(deployment(proxy.url, quiet), {name: quiet_direct.for_database(name) for name in quiet[:1]}, args.idle_seconds)
-            )
+            rows["idle"] = asyncio.run(idle(
+                deployment(proxy.url, quiet, **bell), {name: quiet_direct.for_database(name) for name in quiet[:1]},
+                args.idle_seconds, args.idle_warmup,
+            ))
     single, spread = rows["one database"], rows["many databases"]
     finishes = sorted(spread["finished"].values())
     median = statistics.median(finishes) if finishes else float("nan")
@@ -188,7 +196,8 @@ def main() -> None:
     )
     if "idle" in rows:
         quiet_row = rows["idle"]
-        print(f"\n{args.idle} idle databases: {quiet_row['requests_per_second']:.0f} requests/s to the primary; "
+        print(f"\n{args.idle} idle databases{' with a doorbell' if args.doorbell else ''}: "
+              f"{quiet_row['requests_per_second']:.1f} requests/s to the primary; "
               f"one new event handled after {quiet_row['pickup_seconds']:.2f} s")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2, default=str))

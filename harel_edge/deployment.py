@@ -30,13 +30,17 @@ class Each:
     error: str | None = None
 
 
-def each_database(settings: EdgeSettings, do: Callable[[EdgeSettings], T]) -> list[Each]:
-    """`do` on the settings of each database of the deployment, in order; a database that fails
-    is reported with its error and the others go on."""
+def each_database(settings: EdgeSettings, do: Callable[[EdgeSettings], T], *, doorbell: bool = False) -> list[Each]:
+    """`do` on the settings of each database of the deployment, in order (then the doorbell's,
+    with `doorbell`, when it is not one of them); a database that fails is reported with its
+    error and the others go on."""
     if not settings.databases:
         raise ConfigurationError("--all goes through HAREL_EDGE_DATABASES, which is not set: list the databases there")
+    names = list(settings.databases)
+    if doorbell and settings.doorbell is not None and settings.doorbell not in names:
+        names.append(settings.doorbell)
     results = []
-    for name in settings.databases:
+    for name in names:
         try:
             results.append(Each(name, value=do(settings.for_database(name))))
         except (HarelEdgeError, OSError, RuntimeError, ValueError) as exc:

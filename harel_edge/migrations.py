@@ -80,6 +80,13 @@ VERSIONS: tuple[Version, ...] = (
         schema_control.workflow_control_v10,
         lambda prefix: [schema_control.ControlNames(prefix).fork],
     ),
+    Version(
+        11,
+        "the doorbell of a deployment of many databases",
+        _none,
+        schema.doorbell_v11,
+        lambda prefix: [schema.EdgeNames(prefix).doorbell],
+    ),
 )
 
 SCHEMA_VERSION = VERSIONS[-1].number

@@ -77,6 +77,10 @@ class EdgeNames:
         return f"{self.prefix}_transport_workers"
 
     @property
+    def doorbell(self) -> str:
+        return f"{self.prefix}_doorbell"
+
+    @property
     def claim_trigger(self) -> str:
         return f"{self.prefix}_transport_on_claim_v6"
 
@@ -221,6 +225,16 @@ def workers_v9(prefix: str = DEFAULT_PREFIX) -> list[str]:
         " worker_id TEXT PRIMARY KEY, profile TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,"
         " started_at REAL NOT NULL, seen_at REAL NOT NULL, every REAL NOT NULL, stopped_at REAL,"
         " settled INTEGER NOT NULL DEFAULT 0, in_flight_target INTEGER, latency REAL, replica_lag REAL)"
+    ]
+
+
+def doorbell_v11(prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """One row a database of a deployment that a publisher rang for: `rung` numbers the rings of
+    every database in one sequence, so a worker reads those since the last it saw (harel_edge/doorbell.py)."""
+    n = EdgeNames(prefix)
+    return [
+        f"CREATE TABLE {n.doorbell} (database TEXT PRIMARY KEY, rung INTEGER NOT NULL)",
+        f"CREATE INDEX {n.doorbell}_by_rung ON {n.doorbell} (rung)",
     ]
 
 

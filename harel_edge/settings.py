@@ -76,6 +76,7 @@ class EdgeSettings(BaseSettings):
     # Whether `load()` reads the environment (and so warns about variables that are no setting).
     reads_environment: ClassVar[bool] = True
     _named_by_header: bool = PrivateAttr(default=False)  # requests name the database (sqld's namespace)
+    _addresses: dict[str, Any] = PrivateAttr(default_factory=dict)  # as given: `{database}` not yet filled in
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -130,6 +131,11 @@ class EdgeSettings(BaseSettings):
         default=None,
         description="A file naming the deployment's databases, one a line (# comments): read at start "
         "instead of HAREL_EDGE_DATABASES, and again by a running worker when it changes.",
+    )
+    doorbell: str | None = Field(
+        default=None,
+        description="A database of the deployment's address where publishers ring for the database they "
+        "published to: a worker then polls its idle databases about once a minute and is woken by the ring.",
     )
     admin_url: str | None = Field(
         default=None, description="sqld's admin API (its --admin-listen-addr), where `databases create` makes namespaces."
@@ -213,6 +219,11 @@ class EdgeSettings(BaseSettings):
     @classmethod
     def _database_name(cls, value: str | None) -> str | None:
         return None if value is None else database_names.check_name("HAREL_EDGE_DATABASE", value)
+
+    @field_validator("doorbell")
+    @classmethod
+    def _doorbell_name(cls, value: str | None) -> str | None:
+        return None if value is None else database_names.check_name("HAREL_EDGE_DOORBELL", value)
 
     @field_validator("databases", mode="before")
     @classmethod
@@ -312,6 +323,7 @@ class EdgeSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _combined(self) -> EdgeSettings:
+        self._addresses = {field: getattr(self, field) for field in ("db_path", "url", "sync_url")}
         self._named_by_header = settings_combination.check(self)
         return self
 
@@ -365,8 +377,15 @@ class EdgeSettings(BaseSettings):
         """These settings for the deployment's database `name`: its file, server and namespace."""
         if self.database is not None:
             raise ConfigurationError(f"these settings are for the database {self.database!r} already")
+        return self._of_database(name)
+
+    def doorbell_settings(self) -> EdgeSettings | None:
+        """The settings of the deployment's doorbell database (HAREL_EDGE_DOORBELL), if it has one."""
+        return None if self.doorbell is None else self._of_database(self.doorbell)
+
+    def _of_database(self, name: str) -> EdgeSettings:
         values = {field: getattr(self, field) for field in type(self).model_fields}
-        return ExplicitSettings.load(**{**values, "database": name})
+        return ExplicitSettings.load(**{**values, **self._addresses, "database": name})
 
     def one_database(self) -> EdgeSettings:
         """These settings, refused when they name a deployment's databases but not which one."""

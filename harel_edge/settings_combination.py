@@ -20,6 +20,11 @@ def check(settings: Any) -> bool:
         settings.databases = database_names.read_names_file(settings.databases_file)
         if not settings.databases:
             raise ValueError(f"HAREL_EDGE_DATABASES_FILE={settings.databases_file!r} names no database: add one a line")
+    if settings.doorbell is not None and not settings.databases:
+        raise ValueError(
+            f"HAREL_EDGE_DOORBELL={settings.doorbell!r} rings for a deployment's databases, but "
+            "HAREL_EDGE_DATABASES is not set: list the databases, or unset the doorbell"
+        )
     templated = [f for f in ("db_path", "url", "sync_url") if database_names.TEMPLATE in (getattr(settings, f) or "")]
     database_filled_in(settings, templated)
     coherent_profile(settings)

@@ -206,8 +206,10 @@ async def run_worker(
     stop: asyncio.Event,
     *,
     ready: Callable[[], None] | None = None,
+    rung: asyncio.Event | None = None,
 ) -> WorkerReport:
     """Run one worker in this process until `stop` is set; return what it did.
+    `rung`: set when a publisher rang the deployment's doorbell for this database.
 
     `ready` is called once the schema is in place and the loops are about to start.
     """
@@ -248,7 +250,8 @@ async def run_worker(
             tasks.append(
                 asyncio.create_task(
                     retry.restarting(
-                        "statecharts", lambda: harel_worker.run(stop, idle_sleep=options.idle_sleep, idle_max=options.idle_max), stop
+                        "statecharts", lambda: harel_worker.run(stop, idle_sleep=options.idle_sleep, idle_max=options.idle_max, rung=rung),
+                        stop,
                     ),
                     name="statecharts",
                 )

@@ -13,12 +13,16 @@ import structlog
 from harel.engine.aio.distributed import AsyncWorker
 
 from harel_edge import observability
+from harel_edge.queue.statements import next_work_sql
 from harel_edge.window import InFlightWindow
 
 log = structlog.get_logger("harel_edge.worker")
 
 IDLE_MAX = 0.5  # the longest pause between claims of an idle worker: a new event waits at most this
 SWEEP_EVERY = 0.25  # seconds between sweeps of due timers while events are in flight
+# With a doorbell, an idle database whose limits may hold work back polls at least this often
+# (a rate limit's window or another worker's slot frees work that nobody rings for).
+LIMITED_WAIT = 1.0
 
 
 class EdgeAsyncWorker(AsyncWorker):
@@ -38,10 +42,14 @@ class EdgeAsyncWorker(AsyncWorker):
         self.window = InFlightWindow(self.concurrency, visibility=self.visibility)
         observability.watch_window(self.window)
 
-    async def run(self, stop: asyncio.Event, idle_sleep: float = 0.005, idle_max: float = IDLE_MAX) -> None:
+    async def run(
+        self, stop: asyncio.Event, idle_sleep: float = 0.005, idle_max: float = IDLE_MAX, *, rung: asyncio.Event | None = None
+    ) -> None:
         """harel's loop (claim while the window has room, sweep due timers when nothing is
         claimable, nack a message whose handling raised) with the window in place of its
-        fixed semaphore; an idle one polls less and less often, up to `idle_max` seconds."""
+        fixed semaphore; an idle one polls less and less often, up to `idle_max` seconds. With a
+        doorbell (`rung`, set when a publisher rang), an idle pause ends at the ring, or when a
+        lease, delay or timer of the database ends (`_next_work_in`)."""
         pending: set[asyncio.Task] = set()
         self._stop = stop
 
@@ -58,10 +66,13 @@ class EdgeAsyncWorker(AsyncWorker):
             if len(pending) >= self.window.size:
                 await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 continue
-            fired = None
+            fired, due = None, None
             if idle > idle_sleep and not pending:
                 # Polling an idle queue: the claim and the sweep of due timers share one exchange.
-                lease, fired = await asyncio.gather(self._claim(), self.fire_due_timers())
+                if rung is None:
+                    lease, fired = await asyncio.gather(self._claim(), self.fire_due_timers())
+                else:
+                    lease, fired, due = await asyncio.gather(self._claim(), self.fire_due_timers(), self._next_work_in())
             else:
                 lease = await self._claim()
             if lease is None:
@@ -74,8 +85,10 @@ class EdgeAsyncWorker(AsyncWorker):
                 elif (fired if fired is not None else await self.fire_due_timers()) == 0:
                     # An idle worker polls less and less often: a queue with nothing to do costs
                     # the primary a request or two a second, not hundreds.
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), idle)
+                    pause = idle if due is None else min(idle, max(due, idle_sleep))
+                    if await rest(stop, rung, pause):
+                        idle = idle_sleep  # rung: claim at once, then back off again from the start
+                        continue
                     idle = min(max(idle, idle_sleep) * 2, max(idle_max, idle_sleep))
                 continue
             idle = idle_sleep
@@ -90,6 +103,18 @@ class EdgeAsyncWorker(AsyncWorker):
             await asyncio.gather(*pending, return_exceptions=True)
         if self._sweep is not None:
             await asyncio.gather(self._sweep, return_exceptions=True)
+
+    async def _next_work_in(self) -> float | None:
+        """Seconds until work that no ring announces: a lease, delay or park ending, a timer due
+        (on this machine's clock against the primary's); at most LIMITED_WAIT while
+        limits may hold free work back. None: nothing is waiting."""
+        path = self.transport.path
+        ends, timer, limited = (await path.execute(next_work_sql(path.queue, path.store.timers))).rows[0]
+        times = [float(t) for t in (ends, timer) if t is not None]
+        due = None if not times else max(0.0, min(times) - time.time())
+        if limited:
+            return LIMITED_WAIT if due is None else min(due, LIMITED_WAIT)
+        return due
 
     def _sweep_beside(self) -> None:
         """Sweep due timers in a task of its own, one at a time and at most every SWEEP_EVERY."""
@@ -172,6 +197,24 @@ class EdgeAsyncWorker(AsyncWorker):
         )
         await self.transport.bury(lease)
         return True
+
+
+async def rest(stop: asyncio.Event, rung: asyncio.Event | None, seconds: float) -> bool:
+    """Pause `seconds`, or until `stop` or a ring; True (and the ring taken) when it rang."""
+    if rung is None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), seconds)
+        return False
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(rung.wait())]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting_on in waits:
+            waiting_on.cancel()
+    if rung.is_set():
+        rung.clear()
+        return True
+    return False
 
 
 async def wait_ended(tasks: set[asyncio.Task], within: float) -> None:

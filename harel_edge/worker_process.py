@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import structlog
 
-from harel_edge import database_names, observability, retry
+from harel_edge import database_names, doorbell, observability, retry
 from harel_edge.loop_thread import run_main
 from harel_edge.settings import EdgeSettings
 from harel_edge.worker import WorkerOptions, WorkerReport, run_worker
@@ -57,9 +57,15 @@ async def run_databases(
     added to the file is started and one taken out is stopped (what it holds finished or given
     back first). `ready` once each database named at start has started or failed once."""
     # The queue metrics are one database's (their gauges would take turns); `status --all` reads all.
-    options = dataclasses.replace(options, idle_max=max(options.idle_max, DEPLOYMENT_IDLE_MAX), sample_queue=False)
+    # With a doorbell an idle database is polled (and beats) rarely, and woken by its ring.
+    quiet = doorbell.IDLE_MAX if settings.doorbell else DEPLOYMENT_IDLE_MAX
+    options = dataclasses.replace(
+        options, idle_max=max(options.idle_max, quiet), sample_queue=False,
+        sample_every=max(options.sample_every, doorbell.IDLE_MAX) if settings.doorbell else options.sample_every,
+    )
     reports: dict[str, WorkerReport] = {}
     running: dict[str, tuple[asyncio.Task, asyncio.Event]] = {}
+    rungs: dict[str, asyncio.Event] = {}
     waiting = set(settings.databases)
 
     def up(name: str) -> None:
@@ -68,11 +74,12 @@ async def run_databases(
             ready()
 
     async def serve_one(name: str, own_stop: asyncio.Event, part: dict[str, int]) -> None:
+        structlog.contextvars.bind_contextvars(database=name)  # this task's lines, and its children's, say which
         one = settings.for_database(name).model_copy(update=part)
 
         async def attempt() -> None:
             try:
-                reports[name] = await run_worker(one, options, own_stop, ready=lambda: up(name))
+                reports[name] = await run_worker(one, options, own_stop, ready=lambda: up(name), rung=rungs.get(name))
             except Exception:
                 up(name)  # it is reported, and tried again; the process is up for the others
                 raise
@@ -84,18 +91,40 @@ async def run_databases(
         for name in names:
             if name not in running:
                 own_stop = asyncio.Event()
+                if settings.doorbell:
+                    rungs[name] = asyncio.Event()
                 running[name] = (asyncio.create_task(serve_one(name, own_stop, part), name=f"database:{name}"), own_stop)
 
     start(settings.databases)
-    log.info("serving databases", databases=list(settings.databases), **shares(settings, len(settings.databases)))
+    log.info("serving databases", databases=list(settings.databases), doorbell=settings.doorbell,
+             **shares(settings, len(settings.databases)))
+    listening = None if not settings.doorbell else asyncio.create_task(
+        retry.restarting("doorbell", lambda: _listen(settings, rungs, stop, migrate=options.migrate), stop), name="doorbell"
+    )
     if settings.databases_file is None:
         await stop.wait()
     else:
         await _follow(settings.databases_file, stop, running, start)
     for _task, own_stop in running.values():
         own_stop.set()
-    await asyncio.gather(*(task for task, _ in running.values()))
+    await asyncio.gather(*(task for task, _ in running.values()), *([listening] if listening else []))
     return WorkerReport.total(settings.worker_id, reports)
+
+
+async def _listen(settings: EdgeSettings, rungs: dict[str, asyncio.Event], stop: asyncio.Event, *, migrate: bool) -> None:
+    """The doorbell, waking the databases rung for; when it fails, every database is woken once
+    (polled now, not at its long pause) before it is restarted."""
+
+    def wake(name: str) -> None:
+        if name in rungs:
+            rungs[name].set()
+
+    try:
+        await doorbell.listen(settings, wake, stop, migrate=migrate)
+    except Exception:
+        for rung in rungs.values():
+            rung.set()
+        raise
 
 
 async def _follow(path: str, stop: asyncio.Event, running: dict, start: Callable[[tuple[str, ...]], None]) -> None:

@@ -20,11 +20,11 @@ def migrated(done: Any, prefix: str) -> str:
 
 
 def migrate_each(settings: Any, adopt: bool) -> None:
-    """`migrate --all`: each database in turn, a failed one said and the others migrated; exit 1 if any failed."""
+    """`migrate --all`: each database in turn (and the doorbell's), a failed one said and the others migrated; exit 1 if any failed."""
     from harel_edge import migration  # noqa: PLC0415
     from harel_edge.deployment import each_database  # noqa: PLC0415
 
-    results = each_database(settings, lambda one: migration.migrate(one, adopt=adopt))
+    results = each_database(settings, lambda one: migration.migrate(one, adopt=adopt), doorbell=True)
     for each in results:
         said = migrated(each.value, settings.prefix) if each.error is None else f"FAILED: {shown(each.error)}"
         out.print(f"{each.database}: {said}", markup=False)

@@ -13,6 +13,7 @@ from harel.engine.schema import DEFAULT_PREFIX
 from harel.engine.transport import Lease
 from harel.spec.states import Event
 
+from harel_edge.doorbell import Ringer
 from harel_edge.executor import open_executor
 from harel_edge.loop_thread import SyncFace
 from harel_edge.queue.core import EventTransport
@@ -27,7 +28,12 @@ GIVE_BACK_SECONDS = 2.0  # how long a closing transport tries to give back the l
 
 class AsyncLibsqlTransport(EventTransport):
     """harel's `AsyncTransport` on libSQL, owning its executor: `await
-    AsyncLibsqlTransport.from_settings()` or `.create(...)`."""
+    AsyncLibsqlTransport.from_settings()` or `.create(...)`. A publish to a database of a
+    deployment with a doorbell rings it (`harel_edge.doorbell`)."""
+
+    def __init__(self, executor: Any, settings: EdgeSettings, **core: Any) -> None:
+        super().__init__(executor, settings, **core)
+        self._ringer = Ringer(settings)
 
     @classmethod
     async def create(
@@ -74,6 +80,12 @@ class AsyncLibsqlTransport(EventTransport):
     def __repr__(self) -> str:  # never the token
         return f"<AsyncLibsqlTransport prefix={self.settings.prefix} profile={self.settings.profile} {self.path.executor!r}>"
 
+    async def publish_many(self, messages: Iterable[Message | tuple]) -> int:
+        queued = await super().publish_many(messages)
+        if queued:
+            await self._ringer.ring()  # after the commit: the worker woken finds the events
+        return queued
+
     async def execute(self, statement: str, params: Sequence[Any] = ()) -> list[tuple]:
         """One statement of the caller's through this transport's executor (inspection, tools)."""
         return (await self.path.execute(statement, *params)).rows
@@ -87,6 +99,7 @@ class AsyncLibsqlTransport(EventTransport):
                 with contextlib.suppress(Exception, asyncio.TimeoutError):
                     await asyncio.wait_for(self.release_held(buffered_only=True), GIVE_BACK_SECONDS)
         finally:
+            await self._ringer.aclose()
             await self.path.executor.aclose()
 
 

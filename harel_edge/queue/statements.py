@@ -270,6 +270,16 @@ def buried_sql(n: EdgeNames) -> str:
     )
 
 
+def next_work_sql(n: EdgeNames, timers: str) -> str:
+    """SQL: the first time a group's lease, delay or park ends and a timer is due (NULL when
+    none), and whether limits may hold free work back: what a doorbell's ring never announces."""
+    limits = FlowNames(n.prefix).limits
+    return (
+        f"SELECT (SELECT min(claimable_at) FROM {n.groups}), (SELECT min(fire_at) FROM {timers}),"
+        f" EXISTS (SELECT 1 FROM {limits})"
+    )
+
+
 def depth_sql(n: EdgeNames) -> str:
     return f"SELECT count(*) FROM {n.messages}"
 

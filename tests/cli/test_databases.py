@@ -7,6 +7,8 @@ import json
 
 from cli_helpers import env_for, run
 
+from harel_edge.migrations import SCHEMA_VERSION
+
 
 def deployment(tmp_path, names: str = "acme,globex") -> dict[str, str]:
     return env_for({"db_path": str(tmp_path / "{database}.db"), "databases": names})
@@ -17,11 +19,11 @@ def test_databases_create_makes_each_tenants_file_and_schema_and_again_says_it_i
     made = run(["databases", "create", "acme", "globex"], env, tmp_path)
     assert made.returncode == 0, made.stderr
     lines = made.stdout.splitlines()
-    assert lines[0].startswith("acme: made; schema version 0 -> 10") and lines[1].startswith("globex: made;")
+    assert lines[0].startswith(f"acme: made; schema version 0 -> {SCHEMA_VERSION}") and lines[1].startswith("globex: made;")
     assert (tmp_path / "acme.db").is_file() and (tmp_path / "globex.db").is_file()
     again = run(["databases", "create", "acme"], env, tmp_path)
     assert again.returncode == 0, again.stderr
-    assert again.stdout.startswith("acme: already there; schema version 10: up to date")
+    assert again.stdout.startswith(f"acme: already there; schema version {SCHEMA_VERSION}: up to date")
 
 
 def test_a_command_that_needs_one_database_names_the_deployments_and_changes_nothing(tmp_path):
@@ -59,7 +61,7 @@ def test_migrate_all_says_which_database_failed_migrates_the_others_and_leaves_t
     done = run(["migrate", "--all"], env, tmp_path)
     assert done.returncode == 1
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("acme: schema version 0 -> 10") and lines[2].startswith("globex: schema version 0 -> 10")
+    assert lines[0].startswith(f"acme: schema version 0 -> {SCHEMA_VERSION}") and lines[2].startswith(f"globex: schema version 0 -> {SCHEMA_VERSION}")
     assert lines[1].startswith("broken: FAILED:") and "not a" in lines[1].lower()
     assert "1 of 3 databases not migrated: broken" in done.stderr
     assert broken.read_bytes() == before

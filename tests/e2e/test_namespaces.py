@@ -16,6 +16,7 @@ from harel.engine.execution import Execution
 from harel.spec.states import Event
 
 import harel_edge.examples.actions as actions
+from harel_edge.migrations import SCHEMA_VERSION
 from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
@@ -62,7 +63,7 @@ def test_databases_create_makes_namespaces_whose_queues_are_apart(sqld_namespace
     made = run(["databases", "create", *names], env, tmp_path)
     assert made.returncode == 0, made.stderr
     assert [line.split(":")[0] for line in made.stdout.splitlines()] == names
-    assert all("made; schema version 0 -> 10" in line for line in made.stdout.splitlines())
+    assert all(f"made; schema version 0 -> {SCHEMA_VERSION}" in line for line in made.stdout.splitlines())
     assert run(["databases", "create", names[0]], env, tmp_path).stdout.startswith(f"{names[0]}: already there")
     assert run(["publish", "g", "Go", "--database", names[1]], env, tmp_path).returncode == 0
     shown = run(["status", "--all", "--json"], env, tmp_path)
@@ -127,3 +128,35 @@ def test_one_worker_serves_every_tenant_and_one_missing_tenant_holds_up_none(sql
     failed = [entry for entry in logs if entry["event"] == "loop failed; restarting"]
     assert failed and {entry["loop"] for entry in failed} == {f"database {missing}"}, "only the missing tenant failed"
     assert "doesn't exist" in failed[0]["error"], failed[0]
+
+
+def test_a_publish_rings_the_doorbell_namespace_and_wakes_its_tenant_out_of_a_ten_minute_pause(sqld_namespaces, tmp_path):
+    served = tenants(2)
+    bell = f"bell-{served[0]}"
+    settings = deployment(sqld_namespaces, served, doorbell=bell)
+    env = env_for({"profile": "sqld", "url": settings.url, "auth_token": settings.auth_token,
+                   "admin_url": settings.admin_url, "databases": ",".join(served)})
+    assert run(["databases", "create", *served, bell], env, tmp_path).returncode == 0
+    first, second = settings.for_database(served[0]), settings.for_database(served[1])
+
+    async def main() -> dict:
+        stop = asyncio.Event()
+        # Every idle pause is ten minutes from the first: only a ring can bring an order in.
+        options = WorkerOptions(definitions_dir=EXAMPLES, idle_sleep=600.0, sample_every=0.2)
+        worker = asyncio.create_task(run_process(settings, options, stop))
+        try:
+            for one in (first, second):  # the second tenant idles in its long pause when its orders come
+                await asyncio.to_thread(seed, one, ORDERS)
+                for _ in range(300):  # a hang guard (30 s): far under the pause without a ring
+                    if await asyncio.to_thread(delivered, one) == (ORDERS, 0) or worker.done():
+                        break
+                    await asyncio.sleep(0.1)
+                assert await asyncio.to_thread(delivered, one) == (ORDERS, 0), "the rung tenant served at once"
+        finally:
+            stop.set()
+            await asyncio.wait_for(worker, 60)
+        with LibsqlTransport(settings=settings.doorbell_settings(), create_schema=False) as doorbell:
+            return dict(doorbell.execute("SELECT database, rung FROM harel_doorbell"))
+
+    rings = asyncio.run(main())
+    assert set(rings) == set(served) and rings[served[1]] > rings[served[0]], rings
