@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+from harel_edge import retry
 from harel_edge.errors import ConfigurationError, HarelEdgeError, PrimaryUnavailableError, tidy
 from harel_edge.redaction import scrub
 from harel_edge.settings import EdgeSettings
@@ -69,7 +70,7 @@ def create_database(settings: EdgeSettings, name: str) -> bool:
     )
     try:
         with urllib.request.urlopen(request, timeout=ADMIN_TIMEOUT):  # noqa: S310
-            return True
+            pass
     except urllib.error.HTTPError as exc:
         said = _error_of(exc)
         if exc.code == 400 and "already exists" in said:
@@ -85,6 +86,22 @@ def create_database(settings: EdgeSettings, name: str) -> bool:
             f"sqld's admin API at {settings.admin_url} cannot be reached ({exc}): is sqld started with "
             "--admin-listen-addr, and HAREL_EDGE_ADMIN_URL its address?"
         ) from None
+    _until_served(one)
+    return True
+
+
+def _until_served(one: EdgeSettings) -> None:
+    """Wait (bounded) until sqld serves the namespace it has just made: it may answer "doesn't
+    exist" for a moment (retry.NAMESPACE_BEING_MADE)."""
+    from harel_edge.sync_sql import Statements  # noqa: PLC0415 - only a primary's namespaces need it
+
+    statements = Statements(one)
+    try:
+        retry.until_served(
+            lambda: statements.execute_once("SELECT 1"), lambda exc: "doesn't exist" in str(exc), retry.NAMESPACE_BEING_MADE
+        )
+    finally:
+        statements.close()
 
 
 def _admin_auth(settings: EdgeSettings) -> dict[str, str]:

@@ -133,6 +133,24 @@ LOOP_FAILED = Backoff(0.5, 10.0)
 # The durable worker's look for ready workflows failed (the primary unreachable): looks again after this.
 TAKE_FAILED = Backoff(0.1, 5.0)
 LOOP_FORGETS_AFTER = 60.0  # a loop that ran this long before failing starts its pauses again from the first
+# A sqld namespace just made may answer "doesn't exist" for a moment (measured on sqld 0.24 with
+# hundreds of namespaces, under load: docs/deploy.md); asked again after these pauses (about 12 s in all).
+NAMESPACE_BEING_MADE = Backoff(0.05, 2.0, tries=12)
+
+
+def until_served(probe: Callable[[], T], is_not_yet: Callable[[Exception], bool], reason: Backoff) -> T:
+    """`probe()`, asked again after `reason`'s pauses while it raises what `is_not_yet` says will
+    pass; its last error once `reason.tries` are spent."""
+    tries = 1
+    while True:
+        try:
+            return probe()
+        except Exception as exc:
+            if tries >= reason.tries or not is_not_yet(exc):
+                raise
+            log.debug("not served yet; asking again", error=_error_text(exc), again_in=reason.pause(tries))
+            time.sleep(reason.pause(tries))
+            tries += 1
 
 
 async def pause_or_stop(reason: Backoff, failures: int, stop: asyncio.Event | None) -> None:

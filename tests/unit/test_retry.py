@@ -378,3 +378,33 @@ def test_an_ack_that_failed_and_lost_its_lease_meanwhile_reports_the_lease_lost(
     assert not acked_by_a, "a's ack never took effect: it must say its lease was lost"
     for closable in (a, b):
         closable.close()
+
+
+def test_a_probe_not_served_yet_is_asked_again_until_it_is_and_another_error_is_raised_at_once():
+    quick = retry.Backoff(0.001, 0.001, tries=5)
+    answers = iter([ValueError("Namespace `a` doesn't exist"), ValueError("Namespace `a` doesn't exist"), "served"])
+
+    def probe():
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert retry.until_served(probe, lambda exc: "doesn't exist" in str(exc), quick) == "served"
+    calls = []
+
+    def refused():
+        calls.append(1)
+        raise ValueError("token refused")
+
+    with pytest.raises(ValueError, match="token refused"):
+        retry.until_served(refused, lambda exc: "doesn't exist" in str(exc), quick)
+    assert len(calls) == 1
+
+    def never():
+        calls.append(1)
+        raise ValueError("doesn't exist")
+
+    with pytest.raises(ValueError, match="doesn't exist"):
+        retry.until_served(never, lambda exc: "doesn't exist" in str(exc), quick)
+    assert len(calls) == 1 + quick.tries
