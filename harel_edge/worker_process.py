@@ -25,6 +25,9 @@ GC_THRESHOLDS = (5000, 50, 10)
 # most this, and each idle database costs the primary about an exchange a second.
 DEPLOYMENT_IDLE_MAX = 1.0
 FOLLOW_EVERY = 1.0  # seconds between looks at HAREL_EDGE_DATABASES_FILE
+# Databases of a deployment starting (schema step, first claim) at once: 500 at once made sqld
+# answer 429 "Timed out while opening database connection" (docs/benchmarks.md).
+STARTING_AT_ONCE = 16
 
 log = structlog.get_logger("harel_edge.worker")
 
@@ -67,6 +70,7 @@ async def run_databases(
     running: dict[str, tuple[asyncio.Task, asyncio.Event]] = {}
     rungs: dict[str, asyncio.Event] = {}
     waiting = set(settings.databases)
+    starting = asyncio.Semaphore(STARTING_AT_ONCE)
 
     def up(name: str) -> None:
         waiting.discard(name)
@@ -78,11 +82,26 @@ async def run_databases(
         one = settings.for_database(name).model_copy(update=part)
 
         async def attempt() -> None:
+            await starting.acquire()  # its schema step and first claim: STARTING_AT_ONCE databases at a time
+            holding = True
+
+            def let_go() -> None:
+                nonlocal holding
+                if holding:
+                    holding = False
+                    starting.release()
+
+            def started() -> None:
+                let_go()
+                up(name)
+
             try:
-                reports[name] = await run_worker(one, options, own_stop, ready=lambda: up(name), rung=rungs.get(name))
+                reports[name] = await run_worker(one, options, own_stop, ready=started, rung=rungs.get(name))
             except Exception:
-                up(name)  # it is reported, and tried again; the process is up for the others
+                started()  # it is reported, and tried again; the process is up for the others
                 raise
+            finally:
+                let_go()  # stopped before it started
 
         await retry.restarting(f"database {name}", attempt, own_stop)
 

@@ -85,3 +85,36 @@ def test_a_database_added_to_the_file_is_served_one_taken_out_is_stopped_and_a_b
 
     with structlog.testing.capture_logs() as logs:
         asyncio.run(main())
+
+
+def test_a_deployments_databases_start_a_few_at_a_time_and_one_that_fails_to_start_lets_the_next_go(tmp_path, monkeypatch):
+    import harel_edge.worker_process as worker_process  # noqa: PLC0415
+
+    names = [f"t{i}" for i in range(9)]
+    deployment = ExplicitSettings.load(db_path=str(tmp_path / "{database}.db"), databases=",".join(names))
+    monkeypatch.setattr(worker_process, "STARTING_AT_ONCE", 2)
+    starting, most, failed = set(), [0], set()
+
+    async def fake_worker(settings, options, stop, *, ready=None, rung=None):  # noqa: ANN001, ANN202, ARG001
+        starting.add(settings.database)
+        most[0] = max(most[0], len(starting))
+        await asyncio.sleep(0.01)  # its schema step
+        starting.discard(settings.database)
+        if settings.database == "t3" and "t3" not in failed:
+            failed.add("t3")
+            raise RuntimeError("t3 refused once")
+        ready()
+        await stop.wait()
+        return worker_process.WorkerReport(settings.worker_id)
+
+    monkeypatch.setattr(worker_process, "run_worker", fake_worker)
+
+    async def main() -> None:
+        stop, up = asyncio.Event(), asyncio.Event()
+        worker = asyncio.create_task(worker_process.run_process(deployment, WorkerOptions(definitions_dir=EXAMPLES), stop, ready=up.set))
+        await asyncio.wait_for(up.wait(), 30)
+        stop.set()
+        await asyncio.wait_for(worker, 30)
+
+    asyncio.run(main())
+    assert most[0] == 2 and failed == {"t3"}
