@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from harel_edge import schema
+from harel_edge import doorbell, schema
 from harel_edge.access import Listed, with_primary_writer, with_reader
 from harel_edge.errors import SchemaError
 from harel_edge.schema import EdgeNames, dead_letters_table, now_table
@@ -162,10 +162,12 @@ def read_dead_letter(settings: EdgeSettings, dead_letter_id: int) -> DeadLetter 
 
 
 def requeue_dead_letter(settings: EdgeSettings, dead_letter_id: int) -> DeadLetter | None:
-    """`requeue` on the primary itself, after `check_writable`; None when there is no such dead letter."""
-    return with_primary_writer(
-        settings, lambda execute: requeue(execute, settings.prefix, dead_letter_id)
-    )
+    """`requeue` on the primary itself, after `check_writable`, then the deployment's doorbell
+    rung for its database; None when there is no such dead letter."""
+    found = with_primary_writer(settings, lambda execute: requeue(execute, settings.prefix, dead_letter_id))
+    if found is not None:
+        doorbell.ring_for(settings)
+    return found
 
 
 def purge_dead_letter(settings: EdgeSettings, dead_letter_id: int) -> Purged:

@@ -73,6 +73,26 @@ class Ringer:
             await self._executor.aclose()
 
 
+def ring_for(settings: EdgeSettings) -> None:
+    """A sync caller's ring for its database (an operator's requeue), best effort as `Ringer.ring`."""
+    bell = settings.doorbell_settings() if settings.database is not None else None
+    if bell is None:
+        return
+    from harel_edge.sync_sql import Statements  # noqa: PLC0415 - sync callers only
+
+    try:
+        statements = Statements(bell)
+        try:
+            statements.execute_once(ring_sql(bell.prefix), (settings.database,))
+        finally:
+            statements.close()
+    except Exception as exc:  # noqa: BLE001 - what was queued is queued; only its wake-up is late
+        log.warning(
+            "the doorbell was not rung: a worker takes the event at its next poll of the database",
+            database=settings.database, doorbell=bell.database, error=scrub(f"{type(exc).__name__}: {exc}")[:300],
+        )
+
+
 async def listen(settings: EdgeSettings, wake: Callable[[str], None], stop: asyncio.Event, *, migrate: bool) -> None:
     """Until `stop`: every LISTEN_EVERY, read the rings since the last one seen and `wake` each
     database rung for. Raises when the doorbell fails (the caller restarts it)."""

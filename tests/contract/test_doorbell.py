@@ -147,3 +147,31 @@ def test_an_idle_database_knows_when_its_next_delayed_event_or_timer_is_due_and_
     assert 20 < delayed <= 30
     assert 0 < timer <= 10
     assert limited <= 1.0
+
+
+def test_a_dead_letter_requeued_rings_the_doorbell_for_its_database(tmp_path):
+    from harel_edge.dead_letter import read_dead_letters, requeue_dead_letter  # noqa: PLC0415
+    from harel_edge.queue import EventTransport  # noqa: PLC0415
+
+    settings = deployment(tmp_path)
+    b = settings.for_database("b")
+
+    async def bury() -> None:
+        now = [1000.0]
+        executor = open_executor(b)
+        transport = EventTransport(executor, b, clock=lambda: now[0], max_deliveries=1)
+        try:
+            await transport.publish("order-7", Event(kind="Pay"))
+            lease = await transport.claim("w", 30)
+            transport.failed(lease, ZeroDivisionError("division by zero"))
+            await transport.nack(lease, delay=5)
+            now[0] += 6
+            assert await transport.claim("w", 30) is None  # its second delivery is over the bound: buried
+        finally:
+            await executor.aclose()
+
+    asyncio.run(bury())
+    before = rings(settings).get("b", 0)  # the worker's own transport does not ring: nothing rang for b yet
+    letter = read_dead_letters(b)[0]
+    assert requeue_dead_letter(b, letter.id) is not None
+    assert rings(settings)["b"] > before
