@@ -63,10 +63,7 @@ class Ringer:
                 self._executor = open_executor(self._bell)
             await self._executor.execute(Stmt(ring_sql(self._bell.prefix), (self._database,)))
         except Exception as exc:  # noqa: BLE001 - the publish is done; only its wake-up is late
-            log.warning(
-                "the doorbell was not rung: a worker takes the event at its next poll of the database",
-                database=self._database, doorbell=self._bell.database, error=scrub(f"{type(exc).__name__}: {exc}")[:300],
-            )
+            _not_rung(self._database, self._bell, exc)
 
     async def aclose(self) -> None:
         if self._executor is not None:
@@ -87,10 +84,14 @@ def ring_for(settings: EdgeSettings) -> None:
         finally:
             statements.close()
     except Exception as exc:  # noqa: BLE001 - what was queued is queued; only its wake-up is late
-        log.warning(
-            "the doorbell was not rung: a worker takes the event at its next poll of the database",
-            database=settings.database, doorbell=bell.database, error=scrub(f"{type(exc).__name__}: {exc}")[:300],
-        )
+        _not_rung(settings.database, bell, exc)
+
+
+def _not_rung(database: str | None, bell: EdgeSettings, exc: Exception) -> None:
+    log.warning(
+        "the doorbell was not rung: a worker takes the event at its next poll of the database",
+        database=database, doorbell=bell.database, error=scrub(f"{type(exc).__name__}: {exc}")[:300],
+    )
 
 
 async def listen(settings: EdgeSettings, wake: Callable[[str], None], stop: asyncio.Event, *, migrate: bool) -> None:
