@@ -207,13 +207,16 @@ async def run_worker(
     *,
     ready: Callable[[], None] | None = None,
     rung: asyncio.Event | None = None,
+    definitions: dict[str, Any] | None = None,
 ) -> WorkerReport:
     """Run one worker in this process until `stop` is set; return what it did.
-    `rung`: set when a publisher rang the deployment's doorbell for this database.
+    `rung`: set when a publisher rang the deployment's doorbell for this database. `definitions`:
+    the machines already loaded from `options.definitions_dir` (a deployment parses them once).
 
     `ready` is called once the schema is in place and the loops are about to start.
     """
-    definitions = load_definitions(options.definitions_dir)
+    if definitions is None:
+        definitions = load_definitions(options.definitions_dir)
     workflows = [(spec, spec.load()) for spec in options.workflows]
     if not definitions and not workflows:
         raise ConfigurationError(

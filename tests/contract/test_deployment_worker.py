@@ -87,15 +87,18 @@ def test_a_database_added_to_the_file_is_served_one_taken_out_is_stopped_and_a_b
         asyncio.run(main())
 
 
-def test_a_deployments_databases_start_a_few_at_a_time_and_one_that_fails_to_start_lets_the_next_go(tmp_path, monkeypatch):
+def test_a_deployments_databases_start_a_few_at_a_time_share_one_parse_of_the_machines_and_one_that_fails_lets_the_next_go(
+    tmp_path, monkeypatch
+):
     import harel_edge.worker_process as worker_process  # noqa: PLC0415
 
     names = [f"t{i}" for i in range(9)]
     deployment = ExplicitSettings.load(db_path=str(tmp_path / "{database}.db"), databases=",".join(names))
     monkeypatch.setattr(worker_process, "STARTING_AT_ONCE", 2)
-    starting, most, failed = set(), [0], set()
+    starting, most, failed, machines = set(), [0], set(), []
 
-    async def fake_worker(settings, options, stop, *, ready=None, rung=None):  # noqa: ANN001, ANN202, ARG001
+    async def fake_worker(settings, options, stop, *, ready=None, rung=None, definitions=None):  # noqa: ANN001, ANN202, ARG001
+        machines.append(definitions)
         starting.add(settings.database)
         most[0] = max(most[0], len(starting))
         await asyncio.sleep(0.01)  # its schema step
@@ -118,3 +121,4 @@ def test_a_deployments_databases_start_a_few_at_a_time_and_one_that_fails_to_sta
 
     asyncio.run(main())
     assert most[0] == 2 and failed == {"t3"}
+    assert "order" in machines[0] and all(parsed is machines[0] for parsed in machines), "parsed once, for all"
