@@ -24,8 +24,7 @@ class Vitals:
     replica_lag: float | None = None
 
 
-def beat(
-    execute: Execute,
+def beat_statements(
     prefix: str,
     worker: tuple[str, str, str, int],
     every: float,
@@ -33,13 +32,13 @@ def beat(
     *,
     stopped: bool = False,
     forget: bool = False,
-) -> None:
-    """Record that `worker` (worker_id, profile, host, pid) is alive now, by the primary's clock;
-    `stopped` marks a clean stop; `forget` (a worker's first beat) also deletes the workers not seen
-    for a day, so a steady beat is one request to the primary."""
+) -> list[tuple[str, tuple]]:
+    """The statements that record that `worker` (worker_id, profile, host, pid) is alive now, by
+    the primary's clock, run as one unit; `stopped` marks a clean stop; `forget` (a worker's first
+    beat) also deletes the workers not seen for a day, in the same request."""
     table = EdgeNames(prefix).workers
     worker_id, profile, host, pid = worker
-    execute(
+    statements = [(
         f"INSERT INTO {table} (worker_id, profile, host, pid, started_at, seen_at, every, stopped_at, settled,"
         f" in_flight_target, latency, replica_lag) VALUES (?1, ?2, ?3, ?4, {DB_NOW}, {DB_NOW}, ?5,"
         f" CASE WHEN ?6 THEN {DB_NOW} END, ?7, ?8, ?9, ?10)"
@@ -53,9 +52,10 @@ def beat(
         " replica_lag = excluded.replica_lag",
         (worker_id, profile, host, pid, every, int(stopped), vitals.settled, vitals.in_flight_target,
          vitals.latency, vitals.replica_lag),
-    )
+    )]
     if forget:
-        execute(f"DELETE FROM {table} WHERE seen_at < {DB_NOW} - {FORGET_AFTER}", ())
+        statements.append((f"DELETE FROM {table} WHERE seen_at < {DB_NOW} - {FORGET_AFTER}", ()))
+    return statements
 
 
 @dataclass(frozen=True)

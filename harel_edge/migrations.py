@@ -209,13 +209,18 @@ async def _drive(steps: Steps, read: Callable[[], Awaitable[Any]], apply: Callab
         return done.value
 
 
-async def upgrade_async(executor: Any, prefix: str = DEFAULT_PREFIX) -> Outcome:
+async def upgrade_async(executor: Any, prefix: str = DEFAULT_PREFIX, *, state: list[tuple] | None = None) -> Outcome:
     """Apply every version the database or `prefix` lacks through an executor
     (harel_edge.executor): each version one `transaction`, so one Hrana request to a remote
-    primary; reads are `execute` units. `schema_step.prepare` is its one caller in the package."""
+    primary; reads are `execute` units, the first one spared by `state` (`state_sql`'s rows, just
+    read). `schema_step.prepare` is its one caller in the package."""
     sql = state_sql(prefix)
+    known = [state]
 
     async def read() -> Any:
+        if known[0] is not None:
+            rows, known[0] = known[0], None
+            return rows
         return (await executor.execute(Stmt(sql))).rows
 
     async def apply(statements: list[str]) -> None:

@@ -17,6 +17,7 @@ import structlog
 
 from harel_edge import heartbeats, observability
 from harel_edge.connection import EdgeConnection
+from harel_edge.executor import Stmt
 from harel_edge.inspection import last_sync_of_replica_file
 from harel_edge.loop_thread import blocking_execute
 from harel_edge.settings import EdgeSettings
@@ -87,12 +88,12 @@ async def send_heartbeat(
     stopped: bool = False,
     forget: bool = False,
 ) -> None:
-    """One heartbeat on the primary, through the executor; a failure is logged, never raised."""
-    execute = blocking_execute(executor, asyncio.get_running_loop())
+    """One heartbeat on the primary, through the executor (one request); a failure is logged, never raised."""
+    statements = heartbeats.beat_statements(
+        settings.prefix, identity(settings), every, vitals, stopped=stopped, forget=forget
+    )
     try:
-        await asyncio.to_thread(
-            heartbeats.beat, execute, settings.prefix, identity(settings), every, vitals, stopped=stopped, forget=forget
-        )
+        await executor.transaction([Stmt(sql, params) for sql, params in statements])
     except Exception as exc:  # noqa: BLE001 - a missed beat shows as a silent worker, nothing worse
         log.debug("heartbeat failed", error=str(exc)[:200])
 

@@ -4,6 +4,8 @@ numbered versions (`migrations.py`)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from harel_edge import migrations, retry
 from harel_edge.errors import SchemaError
 from harel_edge.executor import Executor, Stmt
@@ -24,11 +26,15 @@ async def prepare(
         return (await executor.execute(Stmt(sql))).rows
 
     async def attempt() -> migrations.Outcome:
-        facts = facts_of(await rows(VERSION_SQL), await rows(TABLES_SQL))
+        # Read at once, so one exchange with a remote primary: a deployment starts this per database.
+        version, tables, state = await asyncio.gather(
+            rows(VERSION_SQL), rows(TABLES_SQL), rows(migrations.state_sql(settings.prefix))
+        )
+        facts = facts_of(version, tables)
         check_usable(facts, settings.prefix, where, adopt=adopt)
         if migrate:
-            return await migrations.upgrade_async(executor, settings.prefix)
-        lacking = migrations.lacking(await rows(migrations.state_sql(settings.prefix)))
+            return await migrations.upgrade_async(executor, settings.prefix, state=state)
+        lacking = migrations.lacking(state)
         if lacking:
             raise SchemaError(
                 f"the tables under prefix {settings.prefix!r} at {where} lack schema version(s) "
