@@ -160,6 +160,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tenants", type=int, default=50)
     parser.add_argument("--orders", type=int, default=100, help="orders a tenant, 4 events each")
+    parser.add_argument("--busy", type=int, help="how many of the tenants have orders (default: all); the rest stay idle")
     parser.add_argument("--idle", type=int, default=500, help="idle namespaces for (b); 0: skip it")
     parser.add_argument("--idle-seconds", type=float, default=5.0, help="how long the idle requests are counted")
     parser.add_argument("--idle-warmup", type=float, default=2.0, help="seconds idle before they are counted")
@@ -183,16 +184,17 @@ def main() -> None:
             return ExplicitSettings.load(profile="sqld", url=url, databases=",".join(names), **common, **more)
 
         tenants = [f"t{tag}-{i}" for i in range(args.tenants)]
+        busy = tenants[: args.busy or args.tenants]
         create(server, [f"one{tag}", *tenants])
         one = ExplicitSettings.load(profile="sqld", url=proxy.url, database=f"one{tag}", **common)
         one_direct = ExplicitSettings.load(profile="sqld", url=server.http_url, database=f"one{tag}", **common)
-        for i in range(args.tenants):
+        for i in range(len(busy)):
             seed(one_direct, args.orders, f"t{i}")
         many, many_direct = deployment(proxy.url, tenants), deployment(server.http_url, tenants)
-        for name in tenants:
+        for name in busy:
             seed(many_direct.for_database(name), args.orders, name)
-        rows["one database"] = asyncio.run(drain(one, {"one": one_direct}, args.tenants * args.orders, args.timeout))
-        direct = {name: many_direct.for_database(name) for name in tenants}
+        rows["one database"] = asyncio.run(drain(one, {"one": one_direct}, len(busy) * args.orders, args.timeout))
+        direct = {name: many_direct.for_database(name) for name in busy}
         rows["many databases"] = asyncio.run(drain(many, direct, args.orders, args.timeout))
         if args.idle:
             quiet = [f"q{tag}-{i}" for i in range(args.idle)]
@@ -210,11 +212,12 @@ def main() -> None:
     single, spread = rows["one database"], rows["many databases"]
     finishes = sorted(spread["finished"].values())
     median = statistics.median(finishes) if finishes else float("nan")
-    print(f"{args.tenants} tenants x {args.orders} orders (4 events each), {args.rtt:g} ms to the primary\n")
+    print(f"{args.tenants} tenants, {len(busy)} of them with {args.orders} orders (4 events each), "
+          f"{args.rtt:g} ms to the primary\n")
     print("| drain | events/s | vs one database | requests to the primary | CPU s: worker / sqld "
           "| slowest tenant vs median | every order delivered |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
-    total = args.tenants * args.orders
+    total = len(busy) * args.orders
     print(f"| one database | {single['rate']:.0f} | 1.00x | {single['requests']} "
           f"| {single['worker_cpu']:.1f} / {single['sqld_cpu']:.1f} | | {single['delivered'] == total} |")
     print(

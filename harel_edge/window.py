@@ -83,3 +83,35 @@ class InFlightWindow:
             # Only a window busy while this event was in flight says more would help (half of it:
             # events start and end in bursts, one answer ending many): an idle worker keeps its own.
             self._size = min(float(self.maximum), self._size + 1)
+
+
+class SharedWindow:
+    """The window of a worker process serving many databases, shared between them: each database
+    holding events (or asking for them) is sure of an equal part, and may also take what the
+    others leave free; in all they hold at most `total`, and one more for each asking database."""
+
+    def __init__(self, total: int) -> None:
+        if total < 1:
+            raise ValueError(f"the most events in flight must be at least 1, got {total!r}")
+        self.total = total
+        self._holding: dict[str, Callable[[], int]] = {}
+
+    def join(self, name: str, holding: Callable[[], int]) -> Callable[[], int]:
+        """Make `name` a member, `holding()` the events it holds; returns its allowance (`allowance`)."""
+        self._holding[name] = holding
+        return lambda: self.allowance(name)
+
+    def leave(self, name: str) -> None:
+        self._holding.pop(name, None)
+
+    def allowance(self, name: str) -> int:
+        """The most events `name` may hold now: its equal part among the databases holding events
+        (itself counted), as far as the window has room, or more where room is left once every
+        database under its part has been kept room for."""
+        held = {member: max(0, holding()) for member, holding in self._holding.items()}
+        mine = held.get(name, 0)
+        busy = [h for member, h in held.items() if h > 0 or member == name] or [0]
+        part = max(1, self.total // len(busy))
+        free = self.total - sum(held.values())
+        owed = sum(max(0, part - h) for h in busy)  # what those under their part are kept
+        return mine + max(0, min(part - mine, free), free - owed)

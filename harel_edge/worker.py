@@ -31,6 +31,7 @@ from harel_edge.sampler import sample_metrics, send_heartbeat
 from harel_edge.schema_step import prepare
 from harel_edge.settings import EdgeSettings
 from harel_edge.store import EventStore
+from harel_edge.window import SharedWindow
 from harel_edge.worker_loops import IDLE_MAX, EdgeAsyncWorker, wait_ended
 
 # A claim hands out many leases without waiting. Toward a primary the worker starts them 8 at a
@@ -171,11 +172,18 @@ def metered(namespace: str, report: WorkerReport) -> dict[str, Any]:
 
 
 def statechart_worker(
-    executor: Any, settings: EdgeSettings, definitions: dict[str, Any], *, report: Any = None, count_groups: bool = False
+    executor: Any,
+    settings: EdgeSettings,
+    definitions: dict[str, Any],
+    *,
+    report: Any = None,
+    count_groups: bool = False,
+    share: SharedWindow | None = None,
 ) -> EdgeAsyncWorker:
     """harel's async worker on the event path: a claim brings each event's execution, and the
     commit of an event carries its ack and the next claim, one claim for all the commits of one
-    exchange or local commit (one exchange an event; docs/executor.md)."""
+    exchange or local commit (one exchange an event; docs/executor.md). `share`: the process's
+    window, shared with the other databases of a deployment."""
     transport = EventTransport(
         executor,
         settings,
@@ -186,6 +194,8 @@ def statechart_worker(
         max_deliveries=settings.max_deliveries,
         max_run=settings.max_run,
     )
+    if share is not None:
+        transport.allowance = share.join(settings.database, transport.holding)
     return EdgeAsyncWorker(
         EventStore(executor, settings, events=transport),
         transport,
@@ -208,10 +218,12 @@ async def run_worker(
     ready: Callable[[], None] | None = None,
     rung: asyncio.Event | None = None,
     definitions: dict[str, Any] | None = None,
+    share: SharedWindow | None = None,
 ) -> WorkerReport:
     """Run one worker in this process until `stop` is set; return what it did.
     `rung`: set when a publisher rang the deployment's doorbell for this database. `definitions`:
     the machines already loaded from `options.definitions_dir` (a deployment parses them once).
+    `share`: the process's window, when other databases share it.
 
     `ready` is called once the schema is in place and the loops are about to start.
     """
@@ -247,7 +259,9 @@ async def run_worker(
                     error=f"{type(exc).__name__}: {str(exc)[:300]}",
                 )
         executor = database.executor
-        harel_worker = statechart_worker(executor, settings, definitions, report=report, count_groups=options.group_counts)
+        harel_worker = statechart_worker(
+            executor, settings, definitions, report=report, count_groups=options.group_counts, share=share
+        )
         tasks: list[asyncio.Task] = []
         if definitions:
             tasks.append(
@@ -324,6 +338,8 @@ async def run_worker(
         report.groups = harel_worker.transport.group_counts()
         await send_heartbeat(executor, settings, options.sample_every, vitals(None), stopped=True)
     finally:
+        if share is not None:
+            share.leave(settings.database)
         await database.aclose()
         if replica is not None:
             await asyncio.to_thread(replica.close)

@@ -16,6 +16,7 @@ import structlog
 from harel_edge import database_names, doorbell, observability, retry
 from harel_edge.loop_thread import run_main
 from harel_edge.settings import EdgeSettings
+from harel_edge.window import SharedWindow
 from harel_edge.worker import WorkerOptions, WorkerReport, load_definitions, run_worker
 
 # Python's default (700, 10, 10) collects an event's objects while it waits for the primary and
@@ -42,13 +43,9 @@ async def run_process(
 
 
 def shares(settings: EdgeSettings, count: int) -> dict[str, int]:
-    """Each of `count` databases' part of the process's window and durable passes: an equal split,
-    so a busy database can never take a quiet one's part (docs/deploy.md, "A database per tenant")."""
-    count = max(1, count)
-    return {
-        "max_in_flight": max(1, settings.max_in_flight // count),
-        "max_workflow_passes": max(1, settings.max_workflow_passes // count),
-    }
+    """Each of `count` databases' part of the process's durable passes: an equal split, so a busy
+    database can never take a quiet one's part (the window is shared instead: `SharedWindow`)."""
+    return {"max_workflow_passes": max(1, settings.max_workflow_passes // max(1, count))}
 
 
 async def run_databases(
@@ -68,6 +65,7 @@ async def run_databases(
     )
     # Parsed once for every database: the DSL parser took a quarter of a 50-database drain's CPU.
     definitions = load_definitions(options.definitions_dir)
+    window = SharedWindow(settings.max_in_flight)  # each busy database sure of an equal part of it
     reports: dict[str, WorkerReport] = {}
     running: dict[str, tuple[asyncio.Task, asyncio.Event]] = {}
     rungs: dict[str, asyncio.Event] = {}
@@ -99,7 +97,7 @@ async def run_databases(
 
             try:
                 reports[name] = await run_worker(
-                    one, options, own_stop, ready=started, rung=rungs.get(name), definitions=definitions
+                    one, options, own_stop, ready=started, rung=rungs.get(name), definitions=definitions, share=window
                 )
             except Exception:
                 started()  # it is reported, and tried again; the process is up for the others

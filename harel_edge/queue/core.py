@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +71,8 @@ class EventTransport(Publishing, Settling, DeadLetters, Carrying):
         self.path = EventPath(executor, settings, clock=clock)
         self.settings = settings
         self.concurrency = concurrency
+        # A deployment's worker: the most this database may hold of the process's shared window.
+        self.allowance: Callable[[], int] | None = None
         self.max_deliveries = max_deliveries
         self.prefetch = prefetch
         # A claim with the execution may lease each group's next messages too, up to `max_run` in
@@ -92,6 +94,19 @@ class EventTransport(Publishing, Settling, DeadLetters, Carrying):
         self._freeing = 0  # commits that carry a claim, not yet over
         self._tail: asyncio.Task | None = None  # the claim the next commit or exchange carries
         self._tails: set[asyncio.Task] = set()
+
+    @property
+    def concurrency(self) -> int:
+        """The most runs held at once: the worker's window, within the share of a process's window."""
+        return self._concurrency if self.allowance is None else min(self._concurrency, self.allowance())
+
+    @concurrency.setter
+    def concurrency(self, value: int) -> None:
+        self._concurrency = value
+
+    def holding(self) -> int:
+        """The runs this transport holds or is claiming, less those commits on their way free."""
+        return len(self.path.runs) + self._claiming - self._freeing
 
     @property
     def held(self) -> dict[LeaseKey, Lease]:

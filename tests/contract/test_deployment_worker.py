@@ -12,7 +12,7 @@ from harel.spec.states import Event
 
 import harel_edge.examples.actions as actions
 from harel_edge.migration import migrate
-from harel_edge.queue import LibsqlTransport
+from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
 from harel_edge.status import collect_status
 from harel_edge.store import EdgeStore
@@ -97,7 +97,7 @@ def test_a_deployments_databases_start_a_few_at_a_time_share_one_parse_of_the_ma
     monkeypatch.setattr(worker_process, "STARTING_AT_ONCE", 2)
     starting, most, failed, machines = set(), [0], set(), []
 
-    async def fake_worker(settings, options, stop, *, ready=None, rung=None, definitions=None):  # noqa: ANN001, ANN202, ARG001
+    async def fake_worker(settings, options, stop, *, ready=None, rung=None, definitions=None, share=None):  # noqa: ANN001, ANN202, ARG001
         machines.append(definitions)
         starting.add(settings.database)
         most[0] = max(most[0], len(starting))
@@ -122,3 +122,42 @@ def test_a_deployments_databases_start_a_few_at_a_time_share_one_parse_of_the_ma
     asyncio.run(main())
     assert most[0] == 2 and failed == {"t3"}
     assert "order" in machines[0] and all(parsed is machines[0] for parsed in machines), "parsed once, for all"
+
+
+def test_a_busy_database_among_idle_ones_holds_more_than_an_equal_part_of_the_shared_window(tmp_path, monkeypatch):
+    import harel_edge.window as window  # noqa: PLC0415
+
+    names = ["hot", "idle1", "idle2", "idle3"]
+    deployment = ExplicitSettings.load(db_path=str(tmp_path / "{database}.db"), databases=",".join(names), max_in_flight=64)
+    for name in names:
+        migrate(deployment.for_database(name))
+    hot = deployment.for_database("hot")
+    with EdgeStore(hot, create_schema=False) as store, LibsqlTransport(settings=hot, create_schema=False) as t:
+        for i in range(300):
+            store.save(Execution(id=f"o-{i}", definition_id="order"))
+        t.publish_many(Message(f"o-{i}", Event(kind="Start")) for i in range(300))
+    peak: dict[str, int] = {}
+    join = window.SharedWindow.join
+
+    def watched(self, name, holding):  # noqa: ANN001, ANN202
+        def seen() -> int:
+            held = holding()
+            peak[name] = max(peak.get(name, 0), held)
+            return held
+
+        return join(self, name, seen)
+
+    monkeypatch.setattr(window.SharedWindow, "join", watched)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        worker = asyncio.create_task(run_process(deployment, WorkerOptions(definitions_dir=EXAMPLES, idle_sleep=0.005), stop))
+        try:
+            await until(lambda: queued(hot) == 0, "the hot database's 300 events handled")
+        finally:
+            stop.set()
+            await asyncio.wait_for(worker, 60)
+
+    asyncio.run(main())
+    assert peak["hot"] > 64 // 2, f"an equal part is 16 of 64; the busy one held at most {peak['hot']}"
+    assert sum(peak.values()) <= 64 + len(names)

@@ -126,3 +126,47 @@ def test_the_window_and_its_latencies_are_published_as_the_gauges_read_when_scra
     base = REGISTRY.get_sample_value("harel_edge_event_latency_seconds", {"kind": "base"})
     assert (recent, base) == (window.latency, window.base)
     assert base == pytest.approx(0.020) and recent > base
+
+
+# ---- the window a deployment's databases share ------------------------------------------------
+
+
+def shared(total: int, **holding: int):
+    from harel_edge.window import SharedWindow  # noqa: PLC0415
+
+    window = SharedWindow(total)
+    for name in holding:
+        window.join(name, lambda name=name: holding[name])
+    return window, holding
+
+
+def test_a_database_alone_in_the_shared_window_may_hold_all_of_it():
+    window, _ = shared(1024, hot=0, quiet=0)
+    assert window.allowance("hot") == 1024
+
+
+def test_a_busy_database_borrows_what_the_idle_ones_leave_but_not_a_newcomers_part():
+    window, holding = shared(1024, hot=1000, quiet=0)
+    assert window.allowance("hot") == 1024  # the quiet one holds nothing: all the room is free
+    holding["quiet"] = 1  # it asked and got one: now it is owed its part
+    assert window.allowance("hot") == 1000  # no more for the borrower, which gives back as it commits
+    holding["hot"] = 600
+    assert window.allowance("quiet") == 1 + 423  # its part, as far as the room goes
+    assert window.allowance("hot") == 600  # the room left is kept for the quiet one's part
+
+
+def test_busy_databases_come_to_equal_parts_and_never_hold_more_than_the_total_and_one_each():
+    window, holding = shared(100, a=0, b=0, c=0, d=0)
+    for _ in range(50):
+        for name in holding:
+            holding[name] -= min(10, holding[name])  # its commits settle up to ten
+            holding[name] = max(holding[name], window.allowance(name), 1)  # its claim: what it may, one at least
+            assert sum(holding.values()) <= 100 + len(holding)
+    assert sorted(holding.values()) == [25, 25, 25, 25]
+
+
+def test_a_shared_window_of_no_events_is_refused():
+    from harel_edge.window import SharedWindow  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match="at least 1"):
+        SharedWindow(0)
