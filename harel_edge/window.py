@@ -88,7 +88,8 @@ class InFlightWindow:
 class SharedWindow:
     """The window of a worker process serving many databases, shared between them: each database
     holding events (or asking for them) is sure of an equal part, and may also take what the
-    others leave free; in all they hold at most `total`, and one more for each asking database."""
+    others leave free. What a database holds is counted as one worker's window counts it (the
+    claim a commit carries takes the slots that commit frees), and a claim asks for one at least."""
 
     def __init__(self, total: int) -> None:
         if total < 1:

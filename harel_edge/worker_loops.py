@@ -63,7 +63,8 @@ class EdgeAsyncWorker(AsyncWorker):
         self.transport.concurrency = self.window.size
         idle, launched = idle_sleep, 0
         while not stop.is_set():
-            if len(pending) >= self.window.size:
+            # The window, within a deployment's share of it; holding nothing, a claim asks for one.
+            if pending and len(pending) >= self.transport.concurrency:
                 await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 continue
             fired, due = None, None

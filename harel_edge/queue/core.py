@@ -138,7 +138,11 @@ class EventTransport(Publishing, Settling, DeadLetters, Carrying):
             return self._buffer.popleft()
         # The free slots: leases held (buffered ones included) count against `concurrency`.
         n = max(1, self.concurrency - len(self.path.runs) - self._claiming) if self.prefetch and not self._buffer else 1
-        leases = await self.claim_many(worker_id, visibility, n, min_priority, keys, with_execution=self.prefetch)
+        self._claiming += n  # counted while on the wire: a deployment's other databases see it taken
+        try:
+            leases = await self.claim_many(worker_id, visibility, n, min_priority, keys, with_execution=self.prefetch)
+        finally:
+            self._claiming -= n
         if not leases:
             return None
         await self._stash(leases[1:], wanted)
