@@ -87,9 +87,9 @@ class InFlightWindow:
 
 class SharedWindow:
     """The window of a worker process serving many databases, shared between them: each database
-    holding events (or asking for them) is sure of an equal part, and may also take what the
-    others leave free. What a database holds is counted as one worker's window counts it (the
-    claim a commit carries takes the slots that commit frees), and a claim asks for one at least."""
+    is sure of an equal part, and may also take what the others leave unused, which it gives back
+    as its events commit once they ask for their part (meanwhile the process holds up to twice the
+    window). A database's hold is counted as one worker's window counts its own."""
 
     def __init__(self, total: int) -> None:
         if total < 1:
@@ -106,13 +106,11 @@ class SharedWindow:
         self._holding.pop(name, None)
 
     def allowance(self, name: str) -> int:
-        """The most events `name` may hold now: its equal part among the databases holding events
-        (itself counted), as far as the window has room, or more where room is left once every
-        database under its part has been kept room for."""
+        """The most events `name` may hold now: its equal part, or more where the window has room
+        left once every other database holding events under its part has been kept room for."""
         held = {member: max(0, holding()) for member, holding in self._holding.items()}
         mine = held.get(name, 0)
-        busy = [h for member, h in held.items() if h > 0 or member == name] or [0]
-        part = max(1, self.total // len(busy))
+        part = max(1, self.total // max(1, len(held)))
         free = self.total - sum(held.values())
-        owed = sum(max(0, part - h) for h in busy)  # what those under their part are kept
-        return mine + max(0, min(part - mine, free), free - owed)
+        owed = sum(max(0, part - h) for member, h in held.items() if h > 0 and member != name)
+        return mine + max(0, part - mine, free - owed)

@@ -92,6 +92,7 @@ class EventTransport(Publishing, Settling, DeadLetters, Carrying):
         # commits, the slots their acks free as well (`_freeing`).
         self._claiming = 0  # leases that claims carried by commits will add
         self._freeing = 0  # commits that carry a claim, not yet over
+        self._asking = 0  # leases a claim of its own, on the wire, may add
         self._tail: asyncio.Task | None = None  # the claim the next commit or exchange carries
         self._tails: set[asyncio.Task] = set()
 
@@ -106,7 +107,7 @@ class EventTransport(Publishing, Settling, DeadLetters, Carrying):
 
     def holding(self) -> int:
         """The runs this transport holds or is claiming, less those commits on their way free."""
-        return len(self.path.runs) + self._claiming - self._freeing
+        return len(self.path.runs) + self._claiming + self._asking - self._freeing
 
     @property
     def held(self) -> dict[LeaseKey, Lease]:
@@ -138,11 +139,11 @@ class EventTransport(Publishing, Settling, DeadLetters, Carrying):
             return self._buffer.popleft()
         # The free slots: leases held (buffered ones included) count against `concurrency`.
         n = max(1, self.concurrency - len(self.path.runs) - self._claiming) if self.prefetch and not self._buffer else 1
-        self._claiming += n  # counted while on the wire: a deployment's other databases see it taken
+        self._asking += n  # on the wire: a deployment's other databases count it as held
         try:
             leases = await self.claim_many(worker_id, visibility, n, min_priority, keys, with_execution=self.prefetch)
         finally:
-            self._claiming -= n
+            self._asking -= n
         if not leases:
             return None
         await self._stash(leases[1:], wanted)
