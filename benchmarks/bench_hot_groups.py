@@ -23,6 +23,8 @@ round robin over the groups of each shape, for `--seconds`, straight to the prim
 ticker in the worker's loop asks for a 1 ms sleep again and again. Reported: how late the ticker
 woke (p50, p99, worst) while the load was offered, the rate the worker kept up with, and whether
 every counter ended right. Take RATE as half the saturated rate of the same shape and profile.
+With `--pin` the worker has a core of its own, and sqld, the proxy and the publisher the others
+(a primary elsewhere does not take the worker's CPU; binary sqld only).
 
     .venv/bin/python benchmarks/bench_hot_groups.py --offered 500 --shapes 4x1 --profiles sqld,replica --rtts 100
 """
@@ -40,6 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_edge_tax import cores_apart  # the benchmarks directory is this script's
 from harel.engine.execution import Execution
 from harel.spec.states import Event
 
@@ -181,6 +184,9 @@ async def run_offered(settings: ExplicitSettings, direct: ExplicitSettings, grou
     where = {"profile": direct.profile, "prefix": direct.prefix, "db_path": direct.db_path, "url": direct.url}
     command = [sys.executable, __file__, "--publish", json.dumps([where, groups, rate, seconds])]
     token = {"PUBLISH_TOKEN": direct.auth_token.get_secret_value()} if direct.auth_token else {}  # not on a command line
+    others = set(range(os.cpu_count() or 1)) - os.sched_getaffinity(0)
+    if others:  # --pin: the publisher runs beside the primary, not on the worker's core
+        token["PUBLISH_CORES"] = ",".join(map(str, sorted(others)))
     began = asyncio.get_running_loop().create_future()
     began.set_result(time.perf_counter())
     publisher = await asyncio.create_subprocess_exec(*command, env={**os.environ, **token})
@@ -201,7 +207,7 @@ async def run_offered(settings: ExplicitSettings, direct: ExplicitSettings, grou
 
 
 def run_cell(profile: str, rtt: float, groups: int, events: int, max_run: int | None, timeout: float,
-             offered: tuple[float, float] | None = None) -> dict:
+             offered: tuple[float, float] | None = None, pin: bool = False) -> dict:
     """One cell, in this process: its own file or primary (and proxy)."""
     tune_garbage_collector()  # as a worker process does (`serve`)
     logs.configure_logging(level="warning", stream=sys.stderr)
@@ -220,7 +226,10 @@ def run_cell(profile: str, rtt: float, groups: int, events: int, max_run: int | 
         from harel_edge.testing import start_sqld_primary  # noqa: PLC0415
         from harel_edge.testing.proxy import LatencyProxy  # noqa: PLC0415
 
-        with start_sqld_primary() as server, LatencyProxy(server.http_port, delay=rtt / 2000) as proxy:
+        with cores_apart(pin) as worker_core, start_sqld_primary() as server, LatencyProxy(
+            server.http_port, delay=rtt / 2000
+        ) as proxy:
+            worker_core()
             common["auth_token"] = server.rw_token
             direct = ExplicitSettings.load(profile="sqld", url=server.http_url, **common)
             if profile == "sqld":
@@ -244,6 +253,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--offered", type=float, help="events/s offered while the loop's lag is measured")
+    parser.add_argument("--pin", action="store_true",
+                        help="the worker on a core of its own; sqld, the proxy and the publisher on the others (binary sqld)")
     parser.add_argument("--seconds", type=float, default=10.0, help="how long the load is offered (with --offered)")
     parser.add_argument("--cell", help=argparse.SUPPRESS)  # "profile,rtt,shape": one cell, its row as JSON
     parser.add_argument("--publish", help=argparse.SUPPRESS)  # the publisher process of --offered
@@ -251,12 +262,14 @@ def main() -> None:
     if args.publish:
         values, groups, rate, seconds = json.loads(args.publish)
         values["auth_token"] = os.environ.get("PUBLISH_TOKEN")
+        if os.environ.get("PUBLISH_CORES"):
+            os.sched_setaffinity(0, {int(core) for core in os.environ["PUBLISH_CORES"].split(",")})
         publish_at(ExplicitSettings.load(**{k: v for k, v in values.items() if v is not None}), groups, rate, seconds)
         return
     offered = (args.offered, args.seconds) if args.offered else None
     if args.cell:
         profile, rtt, text = args.cell.split(",")
-        print(json.dumps(run_cell(profile, float(rtt), *shape(text), args.max_run, args.timeout, offered)))
+        print(json.dumps(run_cell(profile, float(rtt), *shape(text), args.max_run, args.timeout, offered, args.pin)))
         return
     if offered:
         lag_main(args, offered)
@@ -318,6 +331,8 @@ def lag_main(args: argparse.Namespace, offered: tuple[float, float]) -> None:
                            "--offered", str(offered[0]), "--seconds", str(offered[1])]
                 if args.max_run:
                     command += ["--max-run", str(args.max_run)]
+                if args.pin:
+                    command.append("--pin")
                 done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
                 row = json.loads(done.stdout.strip().splitlines()[-1])
                 right = right and row["counts_right"]

@@ -29,7 +29,8 @@ os.environ.setdefault("RUST_LOG", "error")
 import httpx  # noqa: E402
 
 from harel_edge.executor import Stmt  # noqa: E402
-from harel_edge.executor.remote import STREAM_PIPELINE, HranaExecutor  # noqa: E402
+from harel_edge.executor.hrana import STREAM_PIPELINE  # noqa: E402
+from harel_edge.executor.remote import HranaExecutor  # noqa: E402
 from harel_edge.settings import ExplicitSettings  # noqa: E402
 from harel_edge.testing import start_sqld_primary  # noqa: E402
 

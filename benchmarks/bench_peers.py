@@ -145,7 +145,7 @@ async def edge_events(directory: Path, orders: int) -> dict:
 
 def one(kind: str, directory: Path, size: int) -> dict:
     from harel_edge import logs  # noqa: PLC0415
-    from harel_edge.worker import tune_garbage_collector  # noqa: PLC0415
+    from harel_edge.worker_process import tune_garbage_collector  # noqa: PLC0415
 
     logs.configure_logging(level="warning", stream=sys.stderr)
     tune_garbage_collector()  # as a worker process does (`serve`)

@@ -38,7 +38,8 @@ from harel_edge.migration import migrate
 from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
-from harel_edge.worker import WorkerOptions, run_worker, tune_garbage_collector
+from harel_edge.worker import WorkerOptions, run_worker
+from harel_edge.worker_process import tune_garbage_collector
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "harel_edge" / "examples"
 STEPS = (("Start", {}), ("Pay", {"amount": 1.0}), ("Ship", {}), ("Deliver", {}))
