@@ -8,6 +8,7 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +21,9 @@ from harel_edge.settings import EdgeSettings
 
 T = TypeVar("T")
 ADMIN_TIMEOUT = 10.0  # seconds an admin request may take; creating a namespace takes milliseconds
+# Databases `--all` goes through at once: each waits mostly for round trips, and a sqld asked to
+# open hundreds of namespaces at once makes them wait for connections (docs/deploy.md).
+AT_ONCE = 8
 
 
 @dataclass(frozen=True)
@@ -32,21 +36,23 @@ class Each:
 
 
 def each_database(settings: EdgeSettings, do: Callable[[EdgeSettings], T], *, doorbell: bool = False) -> list[Each]:
-    """`do` on the settings of each database of the deployment, in order (then the doorbell's,
-    with `doorbell`, when it is not one of them); a database that fails is reported with its
-    error and the others go on."""
+    """`do` on the settings of each database of the deployment, AT_ONCE at a time, reported in
+    order (then the doorbell's, with `doorbell`, when it is not one of them); a database that
+    fails is reported with its error and the others go on."""
     if not settings.databases:
         raise ConfigurationError("--all goes through HAREL_EDGE_DATABASES, which is not set: list the databases there")
     names = list(settings.databases)
     if doorbell and settings.doorbell is not None and settings.doorbell not in names:
         names.append(settings.doorbell)
-    results = []
-    for name in names:
+
+    def one(name: str) -> Each:
         try:
-            results.append(Each(name, value=do(settings.for_database(name))))
+            return Each(name, value=do(settings.for_database(name)))
         except (HarelEdgeError, OSError, RuntimeError, ValueError) as exc:
-            results.append(Each(name, error=scrub(tidy(str(exc)))))
-    return results
+            return Each(name, error=scrub(tidy(str(exc))))
+
+    with ThreadPoolExecutor(max_workers=AT_ONCE, thread_name_prefix="each-database") as pool:
+        return list(pool.map(one, names))
 
 
 def create_database(settings: EdgeSettings, name: str) -> bool:

@@ -68,3 +68,26 @@ def test_migrate_all_says_which_database_failed_migrates_the_others_and_leaves_t
     listed = run(["status", "--all"], env, tmp_path)
     assert listed.returncode == 1, "a database that cannot be read fails the command, after the others are shown"
     assert "broken" in listed.stdout and "FAILED" in listed.stdout and "total" in listed.stdout
+
+
+def test_going_through_each_database_runs_several_at_once_and_reports_them_in_order_with_their_errors(tmp_path):
+    import threading  # noqa: PLC0415
+
+    from harel_edge.deployment import each_database  # noqa: PLC0415
+    from harel_edge.settings import ExplicitSettings  # noqa: PLC0415
+
+    names = [f"t{i}" for i in range(6)]
+    deployment = ExplicitSettings.load(db_path=str(tmp_path / "{database}.db"), databases=",".join(names))
+    together = threading.Barrier(2, timeout=30)  # broken unless two databases are gone through at once
+
+    def look(one):  # noqa: ANN001, ANN202
+        if one.database == "t3":
+            raise ValueError("t3 refused")
+        if one.database in ("t0", "t1"):
+            together.wait()
+        return one.database.upper()
+
+    results = each_database(deployment, look)
+    assert [r.database for r in results] == names
+    assert [r.value for r in results] == ["T0", "T1", "T2", None, "T4", "T5"]
+    assert [r.error for r in results] == [None, None, None, "t3 refused", None, None]
