@@ -10,5 +10,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
 export COMPOSE_PROJECT_NAME=${COMPOSE_PROJECT_NAME:-harel-edge}
 export HAREL_EDGE_KEYS_DIR=${HAREL_EDGE_KEYS_DIR:-$repo/.cache/compose/keys}
-docker-compose --file "$here/docker-compose.yml" --project-name "$COMPOSE_PROJECT_NAME" \
+file=docker-compose.yml
+[ "${HAREL_EDGE_COMPOSE:-replicas}" = namespaces ] && file=docker-compose.namespaces.yml
+docker-compose --file "$here/$file" --project-name "$COMPOSE_PROJECT_NAME" \
     down --remove-orphans "$@"

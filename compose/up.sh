@@ -9,8 +9,11 @@
 # any change of the compose file or of HAREL_EDGE_WORKERS.
 #
 # Env (all optional):
+#   HAREL_EDGE_COMPOSE       replicas (docker-compose.yml, the default) or namespaces
+#                            (docker-compose.namespaces.yml: a database per tenant, HAREL_EDGE_DATABASES,
+#                            default tenant1,tenant2,tenant3, made by its `tenants` service)
 #   COMPOSE_PROJECT_NAME     compose project (default harel-edge)
-#   HAREL_EDGE_WORKERS       number of edge workers (default 3)
+#   HAREL_EDGE_WORKERS       number of edge workers (default 3; 2 with namespaces)
 #   HAREL_EDGE_DEFINITIONS_DIR  the directory of .stm statecharts the workers run (and the Python
 #                            modules their `bind` blocks name); default <repo>/harel_edge/examples
 #   HAREL_EDGE_WORKER_LOG_LEVEL  the workers' --log-level (default info)
@@ -26,10 +29,14 @@ repo=$(cd "$here/.." && pwd)
 python=${PYTHON:-$repo/.venv/bin/python}
 export COMPOSE_PROJECT_NAME=${COMPOSE_PROJECT_NAME:-harel-edge}
 export HAREL_EDGE_KEYS_DIR=${HAREL_EDGE_KEYS_DIR:-$repo/.cache/compose/keys}
-workers=${HAREL_EDGE_WORKERS:-3}
 timeout=${UP_TIMEOUT:-60}
-compose=(docker-compose --file "$here/docker-compose.yml" --project-name "$COMPOSE_PROJECT_NAME")
 say() { echo "up: $*" >&2; }
+case ${HAREL_EDGE_COMPOSE:-replicas} in
+    replicas) file=docker-compose.yml; workers=${HAREL_EDGE_WORKERS:-3}; nodes=(sqld-primary sqld-replica) ;;
+    namespaces) file=docker-compose.namespaces.yml; workers=${HAREL_EDGE_WORKERS:-2}; nodes=(sqld-primary) ;;
+    *) say "HAREL_EDGE_COMPOSE=$HAREL_EDGE_COMPOSE: say replicas (the default) or namespaces"; exit 2 ;;
+esac
+compose=(docker-compose --file "$here/$file" --project-name "$COMPOSE_PROJECT_NAME")
 
 # The workers' statecharts: checked here, so a typo fails now rather than in N restarting containers.
 definitions=${HAREL_EDGE_DEFINITIONS_DIR:-$repo/harel_edge/examples}
@@ -53,7 +60,7 @@ fi
 
 bash "$here/build-worker-image.sh"
 
-"${compose[@]}" up --detach --remove-orphans sqld-primary sqld-replica
+"${compose[@]}" up --detach --remove-orphans "${nodes[@]}"
 
 # Ready when /health answers 200: polled, never a fixed sleep.
 wait_healthy() {
@@ -69,10 +76,19 @@ wait_healthy() {
     say "$name answers on http://127.0.0.1:$port"
 }
 wait_healthy sqld-primary "${SQLD_PRIMARY_HTTP_PORT:-8080}"
-wait_healthy sqld-replica "${SQLD_REPLICA_HTTP_PORT:-8081}"
+if [ "$file" = docker-compose.yml ]; then
+    wait_healthy sqld-replica "${SQLD_REPLICA_HTTP_PORT:-8081}"
+else
+    # Each tenant's database and schema before the workers serve them (one made already is kept).
+    "${compose[@]}" run --rm tenants
+fi
 
 "${compose[@]}" up --detach --remove-orphans --scale edge-worker="$workers" edge-worker
+if [ "$file" = docker-compose.yml ]; then
+    nodes_said="replica node http://127.0.0.1:${SQLD_REPLICA_HTTP_PORT:-8081}"
+else
+    nodes_said="databases ${HAREL_EDGE_DATABASES:-tenant1,tenant2,tenant3}"
+fi
 say "project $COMPOSE_PROJECT_NAME: primary http://127.0.0.1:${SQLD_PRIMARY_HTTP_PORT:-8080}," \
-    "replica node http://127.0.0.1:${SQLD_REPLICA_HTTP_PORT:-8081}, $workers edge workers" \
-    "running $HAREL_EDGE_DEFINITIONS_DIR" \
+    "$nodes_said, $workers edge workers running $HAREL_EDGE_DEFINITIONS_DIR" \
     "(token: $HAREL_EDGE_KEYS_DIR/token-rw)"

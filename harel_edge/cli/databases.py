@@ -36,7 +36,12 @@ def migrate_each(settings: Any, adopt: bool) -> None:
 @handled
 def databases_create(
     ctx: typer.Context,
-    names: Annotated[list[str], typer.Argument(metavar="NAME", help="The databases to make (sqld namespaces, or files).")],
+    names: Annotated[
+        list[str] | None, typer.Argument(metavar="NAME", help="The databases to make (sqld namespaces, or files).")
+    ] = None,
+    every: bool = typer.Option(
+        False, "--all", help="Make every database of HAREL_EDGE_DATABASES (and the doorbell's) instead of NAMEs."
+    ),
     no_migrate: bool = typer.Option(False, "--no-migrate", help="Make the database only; do not create the schema."),
 ) -> None:
     """Make a tenant's database and its schema in one step.
@@ -45,6 +50,12 @@ def databases_create(
     file (HAREL_EDGE_DB_PATH with {database}). One already there is migrated. Add the names to
     HAREL_EDGE_DATABASES for workers to serve them."""
     settings = ctx.obj.settings(deployment=True)
+    if every == bool(names):
+        raise typer.BadParameter("give the NAMEs of the databases to make, or --all for those of HAREL_EDGE_DATABASES")
+    if every:
+        if not settings.databases:
+            raise typer.BadParameter("--all makes the databases HAREL_EDGE_DATABASES names, and it is not set")
+        names = [*settings.databases, *([settings.doorbell] if settings.doorbell not in (None, *settings.databases) else [])]
     from harel_edge import migration  # noqa: PLC0415
     from harel_edge.database_names import check_name  # noqa: PLC0415
     from harel_edge.deployment import create_database  # noqa: PLC0415

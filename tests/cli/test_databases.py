@@ -26,6 +26,19 @@ def test_databases_create_makes_each_tenants_file_and_schema_and_again_says_it_i
     assert again.stdout.startswith(f"acme: already there; schema version {SCHEMA_VERSION}: up to date")
 
 
+def test_databases_create_all_makes_every_database_of_the_deployment_and_refuses_names_beside_it(tmp_path):
+    env = deployment(tmp_path)
+    both = run(["databases", "create", "--all", "acme"], env, tmp_path)
+    assert both.returncode == 2 and "or --all" in both.stderr
+    neither = run(["databases", "create"], env, tmp_path)
+    assert neither.returncode == 2 and "or --all" in neither.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "nothing was made"
+    made = run(["databases", "create", "--all"], env, tmp_path)
+    assert made.returncode == 0, made.stderr
+    assert [line.split(":")[0] for line in made.stdout.splitlines()] == ["acme", "globex"]
+    assert (tmp_path / "acme.db").is_file() and (tmp_path / "globex.db").is_file()
+
+
 def test_a_command_that_needs_one_database_names_the_deployments_and_changes_nothing(tmp_path):
     env = deployment(tmp_path)
     refused = run(["publish", "order-1", "Start"], env, tmp_path)
