@@ -70,6 +70,16 @@ class Ringer:
             await self._executor.aclose()
 
 
+async def ring_once(settings: EdgeSettings) -> None:
+    """One ring for `settings`' database on an executor of its own (a caller that rings rarely:
+    a workflow asked for), best effort as `Ringer.ring`; nothing without a doorbell."""
+    ringer = Ringer(settings)
+    try:
+        await ringer.ring()
+    finally:
+        await ringer.aclose()
+
+
 def ring_for(settings: EdgeSettings) -> None:
     """A sync caller's ring for its database (an operator's requeue), best effort as `Ringer.ring`."""
     bell = settings.doorbell_settings() if settings.database is not None else None

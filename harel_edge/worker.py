@@ -207,6 +207,17 @@ def statechart_worker(
     )
 
 
+async def relay(rung: asyncio.Event, statecharts: asyncio.Event | None, schedulers: list[LibsqlScheduler]) -> None:
+    """Hand each ring of the database on to the statecharts' loop and to every durable loop."""
+    while True:
+        await rung.wait()
+        rung.clear()
+        if statecharts is not None:
+            statecharts.set()
+        for scheduler in schedulers:
+            scheduler.notify()
+
+
 # ---- one worker process --------------------------------------------------------------------------
 
 
@@ -244,6 +255,7 @@ async def run_worker(
     # its coalescing (locally, its one writer); remotely it speaks Hrana from this loop.
     database = await asyncio.to_thread(connect_database, settings)
     replica: EdgeConnection | None = None
+    relaying: asyncio.Task | None = None
     try:
         await prepare(database.executor, settings, migrate=options.migrate, adopt=options.adopt)
         if settings.syncs:
@@ -263,20 +275,27 @@ async def run_worker(
             executor, settings, definitions, report=report, count_groups=options.group_counts, share=share
         )
         tasks: list[asyncio.Task] = []
+        # With durable loops beside the statecharts, each loop hears the database's ring (`relay`).
+        statecharts_rung = asyncio.Event() if rung is not None and workflows else rung
+        schedulers: list[LibsqlScheduler] = []
         if definitions:
             tasks.append(
                 asyncio.create_task(
                     retry.restarting(
-                        "statecharts", lambda: harel_worker.run(stop, idle_sleep=options.idle_sleep, idle_max=options.idle_max, rung=rung),
+                        "statecharts",
+                        lambda: harel_worker.run(
+                            stop, idle_sleep=options.idle_sleep, idle_max=options.idle_max, rung=statecharts_rung
+                        ),
                         stop,
                     ),
                     name="statecharts",
                 )
             )
         for spec, fn in workflows:
-            scheduler = LibsqlScheduler(
-                database, namespace=spec.namespace, poll=timedelta(seconds=options.poll)
+            scheduler = LibsqlScheduler(  # its own passes wake it in-process: they need no ring
+                database, namespace=spec.namespace, poll=timedelta(seconds=options.poll), rings=False
             )
+            schedulers.append(scheduler)
             loop = DurableWorker(
                 LibsqlDurable(LibsqlCheckpointer(database), scheduler),
                 fn,
@@ -289,6 +308,10 @@ async def run_worker(
                     name=f"workflows:{spec.namespace}"
                 )
             )
+        relaying = None if statecharts_rung is rung else asyncio.create_task(
+            relay(rung, statecharts_rung if definitions else None, schedulers), name="rings"
+        )
+
         def vitals(replica_lag: float | None) -> Vitals:
             window = harel_worker.window if definitions else None
             return Vitals(
@@ -338,6 +361,8 @@ async def run_worker(
         report.groups = harel_worker.transport.group_counts()
         await send_heartbeat(executor, settings, options.sample_every, vitals(None), stopped=True)
     finally:
+        if relaying is not None:
+            relaying.cancel()
         if share is not None:
             share.leave(settings.database)
         await database.aclose()

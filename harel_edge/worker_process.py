@@ -61,6 +61,7 @@ async def run_databases(
     quiet = doorbell.IDLE_MAX if settings.doorbell else DEPLOYMENT_IDLE_MAX
     options = dataclasses.replace(
         options, idle_max=max(options.idle_max, quiet), sample_queue=False,
+        poll=max(options.poll, doorbell.IDLE_MAX) if settings.doorbell else options.poll,
         sample_every=max(options.sample_every, doorbell.IDLE_MAX) if settings.doorbell else options.sample_every,
     )
     # Parsed once for every database: the DSL parser took a quarter of a 50-database drain's CPU.

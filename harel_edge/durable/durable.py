@@ -51,7 +51,7 @@ class LibsqlDurable:
         refuse_nul(key, "key")
         text = self.checkpointer.codec.encode(value)
         rows = await self.database.execute("durable.arrive", ARRIVE, (workflow, key, text, self.scheduler.namespace, self.scheduler.clock_param()))
-        self.scheduler.notify()
+        await self.scheduler.announce()
         return self.checkpointer.codec.decode(rows[0][0])
 
     async def deliver(self, workflow: str, value: object, key: str | None = None) -> Entry:
@@ -84,7 +84,7 @@ class LibsqlDurable:
         """Run a cancelled or dead workflow again from its last recorded step, its failed passes forgotten."""
         stmt = control.resume_statement(self._prefix, workflow, self.checkpointer.clock_param())
         rows = await self.database.execute("durable.resume", stmt.sql, stmt.args)
-        self.scheduler.notify()
+        await self.scheduler.announce()
         return control.switched("resume", workflow, rows)
 
     async def fork(
@@ -95,7 +95,7 @@ class LibsqlDurable:
         target = new_id if new_id is not None else control.new_fork_id(workflow)
         stmt = control.fork_statement(self._prefix, workflow, from_step, target, namespace, self.checkpointer.clock_param())
         rows = await self.database.execute("durable.fork", stmt.sql, stmt.args)
-        self.scheduler.notify()
+        await self.scheduler.announce()
         return control.forked(workflow, from_step, target, rows)
 
     @property

@@ -158,7 +158,7 @@ class DurableWorker:
                 await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 continue
             try:
-                taken = await self.durable.scheduler.take_ready(passes - len(running), poll)
+                taken = await self.durable.scheduler.take_ready(passes - len(running), poll, stop)
                 failures = 0
             except Exception:  # noqa: BLE001 - a worker outlives a lost link
                 failures += 1

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -89,6 +90,9 @@ class LibsqlScheduler:
     lease: timedelta = LEASE
     poll: timedelta = POLL
     now: Callable[[], datetime] | None = field(default=None, repr=False)
+    # Ring the deployment's doorbell (HAREL_EDGE_DOORBELL) when a pass is asked for, so a worker
+    # in its long idle pause takes it; a worker's own scheduler wakes its loop in-process instead.
+    rings: bool = True
     lease_seconds: float = field(init=False, repr=False)
     poll_seconds: float = field(init=False, repr=False)
     _ready: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
@@ -108,6 +112,14 @@ class LibsqlScheduler:
         """Tell this process's waiting `next_ready` that something may have become ready."""
         self._ready.set()
 
+    async def announce(self) -> None:
+        """`notify`, and ring the deployment's doorbell for this database (when it has one)."""
+        self.notify()
+        if self.rings and self.database.settings.doorbell is not None:
+            from harel_edge.doorbell import ring_once  # noqa: PLC0415 - only a deployment with a doorbell
+
+            await ring_once(self.database.settings)
+
     async def make_ready(self, workflow: str, when: datetime | None = None) -> None:
         """Ask for a pass of the workflow now (or no later than `when`).
 
@@ -116,14 +128,14 @@ class LibsqlScheduler:
         refuse_nul(workflow, "workflow id")
         at = self.clock_param() if when is None else to_seconds(when)
         await self.database.execute("durable.make_ready", _MAKE_READY, (self.namespace, workflow, at))
-        self.notify()
+        await self.announce()
 
     async def schedule(self, workflow: str, visible_at: datetime) -> None:
         """Make the workflow visible at `visible_at`, whatever its row said before."""
         refuse_nul(workflow, "workflow id")
         at = to_seconds(visible_at)
         await self.database.execute("durable.schedule", _SCHEDULE, (self.namespace, workflow, at))
-        self.notify()
+        await self.announce()
 
     async def wake_at(self, delivery: Delivery, when: datetime) -> None:
         """Put the workflow to sleep until `when`, unless something asked for a pass meanwhile
@@ -137,10 +149,10 @@ class LibsqlScheduler:
         taken = await self.take_ready(1, within)
         return taken[0] if taken else None
 
-    async def take_ready(self, limit: int, within: timedelta) -> list[Delivery]:
+    async def take_ready(self, limit: int, within: timedelta, stop: asyncio.Event | None = None) -> list[Delivery]:
         """Take up to `limit` visible workflows in one statement, waiting up to `within` for one;
-        [] if none came. It looks again at the poll, at the earliest sleeper's deadline, or at a
-        wakeup made in this process."""
+        [] if none came, or at once when `stop` is set. It looks again at the poll, at the
+        earliest sleeper's deadline, or at a wakeup made in this process."""
         deadline = time.monotonic() + within.total_seconds()
         while True:
             self._ready.clear()  # before looking, so a signal during the look is not lost
@@ -153,10 +165,18 @@ class LibsqlScheduler:
             pause = min(self.poll_seconds, remaining)
             if until_next is not None:
                 pause = min(pause, max(until_next, 0.001))
+            if stop is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._ready.wait(), pause)
+                continue
+            waits = [asyncio.ensure_future(self._ready.wait()), asyncio.ensure_future(stop.wait())]
             try:
-                await asyncio.wait_for(self._ready.wait(), pause)
-            except TimeoutError:
-                pass
+                await asyncio.wait(waits, timeout=pause, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiting in waits:
+                    waiting.cancel()
+            if stop.is_set():
+                return []
 
     async def extend(self, delivery: Delivery, within: timedelta) -> Delivery:
         """Keep the workflow invisible `within` more; continue with the delivery this returns.

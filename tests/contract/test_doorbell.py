@@ -175,3 +175,47 @@ def test_a_dead_letter_requeued_rings_the_doorbell_for_its_database(tmp_path):
     letter = read_dead_letters(b)[0]
     assert requeue_dead_letter(b, letter.id) is not None
     assert rings(settings)["b"] > before
+
+
+async def finished(ctx):  # noqa: ANN001, ANN201 - the worker loads it as test_doorbell:finished
+    await ctx.step("done", lambda: "done")
+    return "done"
+
+
+def test_a_workflow_asked_for_rings_the_doorbell_and_a_worker_polling_hourly_runs_it_and_still_stops_at_once(tmp_path):
+    from harel_edge.durable import LibsqlScheduler, connect  # noqa: PLC0415
+    from harel_edge.durable import migrate as migrate_durable  # noqa: PLC0415
+    from harel_edge.worker import parse_workflow  # noqa: PLC0415
+
+    settings = deployment(tmp_path)
+    a = settings.for_database("a")
+
+    async def main() -> None:
+        database = connect(a)
+        try:
+            await migrate_durable(database)
+            scheduler = LibsqlScheduler(database, namespace="rung")
+            await scheduler.make_ready("wf-0")  # run at start: then the loop waits its hour
+            stop = asyncio.Event()
+            # An hour between polls: only the ring can bring the second workflow in time.
+            options = WorkerOptions(workflows=(parse_workflow(f"rung={__name__}:finished"),), poll=3600, sample_every=3600)
+            worker = asyncio.create_task(run_process(settings, options, stop))
+
+            async def ran(workflow: str) -> None:
+                done = f"SELECT 1 FROM workflow_checkpoint WHERE workflow = '{workflow}' AND step = 'done'"
+                for _ in range(3000):  # a hang guard of 60 s, far below the poll
+                    if await database.execute("test.done", done):
+                        return
+                    await asyncio.sleep(0.02)
+                raise AssertionError(f"{workflow} was not run: its ring was not heard")
+
+            await ran("wf-0")
+            await scheduler.make_ready("wf-1")  # rings for "a"
+            await ran("wf-1")
+            stop.set()
+            await asyncio.wait_for(worker, 60)  # the durable loop's hour-long wait ends at the stop
+        finally:
+            await database.aclose()
+
+    asyncio.run(main())
+    assert rings(settings)["a"] >= 1
