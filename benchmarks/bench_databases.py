@@ -45,7 +45,7 @@ from harel_edge.settings import ExplicitSettings  # noqa: E402
 from harel_edge.store import EdgeStore  # noqa: E402
 from harel_edge.testing import start_sqld_primary  # noqa: E402
 from harel_edge.testing.proxy import LatencyProxy  # noqa: E402
-from harel_edge.worker import WorkerOptions  # noqa: E402
+from harel_edge.worker import WorkerOptions, parse_workflow  # noqa: E402
 from harel_edge.worker_process import run_process, tune_garbage_collector  # noqa: E402
 
 EXAMPLES = str(Path(actions.__file__).parent)
@@ -132,10 +132,12 @@ async def drain(settings, direct: dict, orders: int, timeout: float) -> dict:
             "requests": requests, "worker_cpu": worker_cpu, "sqld_cpu": sqld_cpu}
 
 
-async def idle(settings, direct: dict, seconds: float, warmup: float) -> dict:
-    """The requests an idle worker of every database sends a second, then one event's wait."""
+async def idle(settings, direct: dict, seconds: float, warmup: float, workflows: bool = False) -> dict:
+    """The requests an idle worker of every database sends a second, then one event's wait.
+    With `workflows`, each database's worker also runs the demo's durable workflow loop."""
     stop = asyncio.Event()
-    options = WorkerOptions(definitions_dir=EXAMPLES)  # what `harel-edge worker` runs
+    loops = (parse_workflow("fulfil=harel_edge.examples.workflow:fulfil"),) if workflows else ()
+    options = WorkerOptions(definitions_dir=EXAMPLES, workflows=loops)  # what `harel-edge worker` runs
     ready = asyncio.Event()
     worker = asyncio.create_task(run_process(settings, options, stop, ready=ready.set))
     await asyncio.wait_for(ready.wait(), 300)
@@ -165,6 +167,7 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=5.0, help="how long the idle requests are counted")
     parser.add_argument("--idle-warmup", type=float, default=2.0, help="seconds idle before they are counted")
     parser.add_argument("--doorbell", action="store_true", help="give the deployment a doorbell for (b)")
+    parser.add_argument("--workflows", action="store_true", help="(b)'s workers also run a durable workflow loop each")
     parser.add_argument("--rtt", type=float, default=20.0, help="milliseconds to the primary")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--max-in-flight", type=int, help="HAREL_EDGE_MAX_IN_FLIGHT of the worker (default: the setting's)")
@@ -207,7 +210,7 @@ def main() -> None:
                 migrate(quiet_direct.for_database(name))
             rows["idle"] = asyncio.run(idle(
                 deployment(proxy.url, quiet, **bell), {name: quiet_direct.for_database(name) for name in quiet[:1]},
-                args.idle_seconds, args.idle_warmup,
+                args.idle_seconds, args.idle_warmup, args.workflows,
             ))
     single, spread = rows["one database"], rows["many databases"]
     finishes = sorted(spread["finished"].values())
@@ -227,7 +230,8 @@ def main() -> None:
     )
     if "idle" in rows:
         quiet_row = rows["idle"]
-        print(f"\n{args.idle} idle databases{' with a doorbell' if args.doorbell else ''}: "
+        print(f"\n{args.idle} idle databases{' with a doorbell' if args.doorbell else ''}"
+              f"{' and a workflow loop each' if args.workflows else ''}: "
               f"{quiet_row['requests_per_second']:.1f} requests/s to the primary; "
               f"one new event handled after {quiet_row['pickup_seconds']:.2f} s")
     if args.json:

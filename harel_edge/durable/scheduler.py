@@ -152,7 +152,7 @@ class LibsqlScheduler:
     async def take_ready(self, limit: int, within: timedelta, stop: asyncio.Event | None = None) -> list[Delivery]:
         """Take up to `limit` visible workflows in one statement, waiting up to `within` for one;
         [] if none came, or at once when `stop` is set. It looks again at the poll, at the
-        earliest sleeper's deadline, or at a wakeup made in this process."""
+        earliest sleeper's deadline, or at a wakeup made in this process; not at `within`'s end."""
         deadline = time.monotonic() + within.total_seconds()
         while True:
             self._ready.clear()  # before looking, so a signal during the look is not lost
@@ -168,15 +168,17 @@ class LibsqlScheduler:
             if stop is None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._ready.wait(), pause)
-                continue
-            waits = [asyncio.ensure_future(self._ready.wait()), asyncio.ensure_future(stop.wait())]
-            try:
-                await asyncio.wait(waits, timeout=pause, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiting in waits:
-                    waiting.cancel()
-            if stop.is_set():
-                return []
+            else:
+                waits = [asyncio.ensure_future(self._ready.wait()), asyncio.ensure_future(stop.wait())]
+                try:
+                    await asyncio.wait(waits, timeout=pause, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for waiting in waits:
+                        waiting.cancel()
+                if stop.is_set():
+                    return []
+            if not self._ready.is_set() and time.monotonic() >= deadline:
+                return []  # nothing woke it: the caller's next call looks first (one look a poll, not two)
 
     async def extend(self, delivery: Delivery, within: timedelta) -> Delivery:
         """Keep the workflow invisible `within` more; continue with the delivery this returns.
