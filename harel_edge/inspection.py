@@ -192,19 +192,27 @@ def open_read_only(path: str) -> ReadOnlyConnection:
     """
     p = Path(path).expanduser().resolve()
     uri = p.as_uri() + "?mode=ro"
-    if not Path(f"{p}-wal").exists():
-        return ReadOnlyConnection(uri + "&immutable=1")
-    if Path(f"{p}-shm").exists():
-        return ReadOnlyConnection(uri)
-    directory = tempfile.mkdtemp(prefix="harel-edge-read-")
-    try:
-        copy = Path(directory) / p.name
-        shutil.copyfile(p, copy)
-        shutil.copyfile(f"{p}-wal", f"{copy}-wal")
-        return ReadOnlyConnection(copy.as_uri() + "?mode=ro", snapshot_dir=directory)
-    except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
-        raise
+    attempts = 0
+    while True:
+        attempts += 1
+        if not Path(f"{p}-wal").exists():
+            return ReadOnlyConnection(uri + "&immutable=1")
+        if Path(f"{p}-shm").exists():
+            return ReadOnlyConnection(uri)
+        directory = tempfile.mkdtemp(prefix="harel-edge-read-")
+        try:
+            copy = Path(directory) / p.name
+            shutil.copyfile(p, copy)
+            shutil.copyfile(f"{p}-wal", f"{copy}-wal")
+            return ReadOnlyConnection(copy.as_uri() + "?mode=ro", snapshot_dir=directory)
+        except FileNotFoundError:
+            shutil.rmtree(directory, ignore_errors=True)
+            if attempts == 3 or not p.exists():
+                raise
+            # The writer checkpointed and removed its WAL while it was copied: look at the files again.
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
 
 
 # ---- may this user write it -------------------------------------------------------------------
