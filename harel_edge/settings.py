@@ -42,6 +42,9 @@ DEFAULT_MAX_DELIVERIES = 10
 # Events of one group a claim leases together: enough to keep a hot group moving 100 ms from its
 # primary (docs/tuning.md, "Runs"), few enough that a run commits in one modest request.
 MAX_RUN = 512
+# A run's leases are acked in one DELETE of three parameters each (`queue.statements.ACK_ROWS`):
+# far above it, its commit would pass SQLite's 32,766 parameters and fail every time.
+MAX_RUN_BOUND = 2000
 
 # The range of sync_interval, and the measurements behind it: docs/tuning.md.
 MIN_SYNC_INTERVAL = 0.05
@@ -292,6 +295,16 @@ class EdgeSettings(BaseSettings):
         # Shorter than a retry's back-off, a lost answer could be published twice after all.
         refusal = f"set {MIN_PUBLISH_WINDOW:g} to {MAX_PUBLISH_WINDOW:.0f} seconds (default 3600, an hour)"
         return _within(value, MIN_PUBLISH_WINDOW, MAX_PUBLISH_WINDOW, f"HAREL_EDGE_PUBLISH_WINDOW={value} is out of range: {refusal}")
+
+    @field_validator("max_run")
+    @classmethod
+    def _run_bound(cls, value: int) -> int:
+        if value > MAX_RUN_BOUND:
+            raise ValueError(
+                f"HAREL_EDGE_MAX_RUN={value} is out of range: set 1 to {MAX_RUN_BOUND} events "
+                f"(default {MAX_RUN}); a run's commit acks its events in one statement"
+            )
+        return value
 
     @field_validator("busy_timeout_ms", "retry_attempts", "max_in_flight", "max_run", "max_workflow_passes")
     @classmethod

@@ -115,6 +115,8 @@ def test_the_token_never_appears_in_repr_str_or_config_show(monkeypatch):
         ({"HAREL_EDGE_MAX_DELIVERIES": "-1"}, "HAREL_EDGE_MAX_DELIVERIES", "or 0 never to dead-letter"),
         ({"HAREL_EDGE_PUBLISH_WINDOW": "30"}, "HAREL_EDGE_PUBLISH_WINDOW", "set 60 to 31536000 seconds"),
         ({"HAREL_EDGE_PUBLISH_WINDOW": "nan"}, "HAREL_EDGE_PUBLISH_WINDOW", "out of range"),
+        ({"HAREL_EDGE_MAX_RUN": "0"}, "HAREL_EDGE_MAX_RUN", "positive whole number"),
+        ({"HAREL_EDGE_MAX_RUN": "2001"}, "HAREL_EDGE_MAX_RUN=2001", "set 1 to 2000 events"),
         (
             {"HAREL_EDGE_PUBLISH_WINDOW": "120", "HAREL_EDGE_RETRY_DEADLINE": "300"},
             "HAREL_EDGE_PUBLISH_WINDOW=120 is shorter than HAREL_EDGE_RETRY_DEADLINE=300",
@@ -255,3 +257,15 @@ def test_the_docs_state_the_publish_windows_default_as_the_settings_have_it():
     ]
     assert len(stated) >= 2, f"the docs state the default in transport.md's table and text: {stated}"
     assert all(said.startswith(("an hour", "3600", "3,600")) for _, said in stated), stated
+
+
+def test_the_longest_run_the_settings_accept_is_acked_in_one_statement_the_queue_can_send():
+    from harel_edge.queue.statements import ACK_ROWS  # noqa: PLC0415
+    from harel_edge.settings import MAX_RUN_BOUND  # noqa: PLC0415
+
+    assert MAX_RUN_BOUND <= ACK_ROWS
+    assert load_max_run(MAX_RUN_BOUND) == MAX_RUN_BOUND
+
+
+def load_max_run(value: int) -> int:
+    return ExplicitSettings.load(max_run=value).max_run
