@@ -6,9 +6,8 @@ The one module that uses tenacity; what it decides and why: docs/operations.md (
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -155,8 +154,21 @@ def until_served(probe: Callable[[], T], is_not_yet: Callable[[Exception], bool]
 
 async def pause_or_stop(reason: Backoff, failures: int, stop: asyncio.Event | None) -> None:
     """Wait `reason`'s pause after `failures` failures in a row, or until `stop` is set."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for((stop or asyncio.Event()).wait(), reason.pause(failures))
+    await wait_any([stop] if stop is not None else [], reason.pause(failures))
+
+
+async def wait_any(events: Sequence[asyncio.Event], seconds: float) -> None:
+    """Wait `seconds`, or until one of `events` is set: the one wait of every pause a stop or a
+    wake-up must cut short (a worker's rest, a durable loop's poll, a retry's back-off)."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        if waits:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        else:
+            await asyncio.sleep(seconds)
+    finally:
+        for waiting_on in waits:
+            waiting_on.cancel()
 
 
 async def restarting(name: str, run: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:

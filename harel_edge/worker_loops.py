@@ -5,14 +5,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import Any
 
 import structlog
 from harel.engine.aio.distributed import AsyncWorker
 
-from harel_edge import observability
+from harel_edge import observability, retry
 from harel_edge.queue.statements import next_work_sql
 from harel_edge.window import InFlightWindow
 
@@ -202,17 +201,8 @@ class EdgeAsyncWorker(AsyncWorker):
 
 async def rest(stop: asyncio.Event, rung: asyncio.Event | None, seconds: float) -> bool:
     """Pause `seconds`, or until `stop` or a ring; True (and the ring taken) when it rang."""
-    if rung is None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), seconds)
-        return False
-    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(rung.wait())]
-    try:
-        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiting_on in waits:
-            waiting_on.cancel()
-    if rung.is_set():
+    await retry.wait_any([stop] if rung is None else [stop, rung], seconds)
+    if rung is not None and rung.is_set():
         rung.clear()
         return True
     return False

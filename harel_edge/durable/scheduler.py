@@ -6,12 +6,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from harel_edge import retry
 from harel_edge.durable.database import Database
 from harel_edge.durable.types import LEASE, POLL, Delivery, to_seconds
 from harel_edge.executor import Stmt
@@ -165,18 +165,9 @@ class LibsqlScheduler:
             pause = min(self.poll_seconds, remaining)
             if until_next is not None:
                 pause = min(pause, max(until_next, 0.001))
-            if stop is None:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._ready.wait(), pause)
-            else:
-                waits = [asyncio.ensure_future(self._ready.wait()), asyncio.ensure_future(stop.wait())]
-                try:
-                    await asyncio.wait(waits, timeout=pause, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for waiting in waits:
-                        waiting.cancel()
-                if stop.is_set():
-                    return []
+            await retry.wait_any([self._ready] if stop is None else [self._ready, stop], pause)
+            if stop is not None and stop.is_set():
+                return []
             if not self._ready.is_set() and time.monotonic() >= deadline:
                 return []  # nothing woke it: the caller's next call looks first (one look a poll, not two)
 
