@@ -19,7 +19,7 @@ import time
 import pytest
 from harel.engine.execution import Execution
 from harel.spec.states import Event
-from test_worker_exactly_once import VISIBILITY, chain_definition, gate_action, start, worker_env
+from test_worker_exactly_once import chain_definition, fail_primary, gate_action, start, worker_env
 
 from harel_edge import LibsqlTransport
 from harel_edge.deployment import create_database
@@ -112,19 +112,8 @@ def test_every_event_of_every_tenant_is_applied_exactly_once_in_order_while_work
                     workers[n].wait(timeout=30)
                     kills += 1
                     workers[n] = start(env_of(n), definitions, tmp_path)
-                elif action == "pause primary":
-                    gate.unlink()
-                    server.pause()
-                    faults.append(server.state)
-                    time.sleep(VISIBILITY + 2)  # the fault's length: longer than a lease, so every lease lapses
-                    server.resume()
-                    gate.touch()
                 else:
-                    gate.unlink()
-                    server.kill()
-                    faults.append(server.state)
-                    server.restart()
-                    gate.touch()
+                    faults.append(fail_primary(action, server, gate))
                 let_events_through()
             gate.unlink()
             wait_for("every tenant's queue to drain", lambda: still_queued() == 0)

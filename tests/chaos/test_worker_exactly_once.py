@@ -92,6 +92,23 @@ def worker_env(profile: str, proxy: LatencyProxy, server, prefix: str, n: int, t
     return env
 
 
+def fail_primary(action: str, server, gate: Path) -> str:
+    """Pause the primary longer than a lease ("pause primary") or kill and restart it, with the
+    gate open so that events are in flight meanwhile; returns the state the fault left it in."""
+    gate.unlink()
+    if action == "pause primary":
+        server.pause()
+        state = server.state
+        time.sleep(VISIBILITY + 2)  # the fault's length: longer than a lease, so every lease lapses
+        server.resume()
+    else:
+        server.kill()
+        state = server.state
+        server.restart()
+    gate.touch()
+    return state
+
+
 def start(env: dict[str, str], definitions: Path, cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [COMMAND, "--log-level", "warning", "worker", "-D", str(definitions)],
@@ -175,19 +192,8 @@ def test_every_event_is_applied_exactly_once_in_order_while_workers_are_killed_a
                     kills += 1
                     envs[n] = worker_env(profile, proxy, server, prefix, n, tmp_path, max_run)
                     workers[n] = start(envs[n], definitions, tmp_path)
-                elif action == "pause primary":
-                    gate.unlink()  # events in flight while the primary stops answering
-                    server.pause()
-                    faults.append(server.state)
-                    time.sleep(VISIBILITY + 2)  # the fault's length: longer than a lease, so every lease lapses
-                    server.resume()
-                    gate.touch()
                 else:
-                    gate.unlink()
-                    server.kill()
-                    faults.append(server.state)
-                    server.restart()
-                    gate.touch()
+                    faults.append(fail_primary(action, server, gate))
                 let_events_through()
             gate.unlink()
             wait_for("the queue to drain", lambda: still_queued() == 0)
