@@ -16,7 +16,6 @@ from typing import Any
 import structlog
 
 from harel_edge import heartbeats, observability
-from harel_edge.connection import EdgeConnection
 from harel_edge.executor import Stmt
 from harel_edge.inspection import last_sync_of_replica_file
 from harel_edge.loop_thread import blocking_execute
@@ -99,7 +98,7 @@ async def send_heartbeat(
 
 
 async def sample_metrics(
-    replica: EdgeConnection | None,
+    replica_open: Callable[[], bool] | None,
     executor: Any,
     settings: EdgeSettings,
     every: float,
@@ -110,12 +109,12 @@ async def sample_metrics(
 ) -> None:
     """Every `every` seconds: the worker's heartbeat (`vitals(replica_lag)`), with `queue` the
     queue's depth and the rest for the metrics (read on the primary through the executor), and
-    the embedded replica's freshness, if there is one."""
+    the embedded replica's freshness while `replica_open()` (a deployment closes an idle one)."""
     execute = blocking_execute(executor, asyncio.get_running_loop())
-    watch = None if replica is None else ReplicaWatch(settings.db_path, settings.sync_interval or every, every)
+    watch = None if replica_open is None else ReplicaWatch(settings.db_path, settings.sync_interval or every, every)
     first = True
     while not stop.is_set():
-        lag = watch.check() if watch is not None else None
+        lag = watch.check() if watch is not None and replica_open() else None
         await send_heartbeat(executor, settings, every, vitals(lag), forget=first)
         first = False
         for name, read, record in SAMPLES if queue else ():

@@ -168,6 +168,17 @@ class EdgeSettings(BaseSettings):
         description="Most durable-workflow passes one worker process runs at once (each namespace): "
         "a pass mostly waits for its commits, so passes side by side share them.",
     )
+    max_open_replicas: int = Field(
+        default=64,
+        description="Most embedded replicas a deployment's worker keeps open at once (about 8 open "
+        "files each): a database's replica opens when it has work and closes when it has had none "
+        "for HAREL_EDGE_REPLICA_IDLE_CLOSE.",
+    )
+    replica_idle_close: float = Field(
+        default=60.0,
+        description="Seconds without work after which a deployment's worker closes a database's "
+        "embedded replica (its file stays, and syncs again when the work comes back).",
+    )
     max_deliveries: int = Field(
         default=DEFAULT_MAX_DELIVERIES,
         description="Deliveries of a message whose handling failed (or failed passes of a durable "
@@ -306,7 +317,17 @@ class EdgeSettings(BaseSettings):
             )
         return value
 
-    @field_validator("busy_timeout_ms", "retry_attempts", "max_in_flight", "max_run", "max_workflow_passes")
+    @field_validator("replica_idle_close")
+    @classmethod
+    def _positive_idle_close(cls, value: float) -> float:
+        if not value > 0:
+            raise ValueError(
+                f"HAREL_EDGE_REPLICA_IDLE_CLOSE={value} is out of range: set a number of seconds above 0 (default 60)"
+            )
+        return value
+
+    @field_validator("busy_timeout_ms", "retry_attempts", "max_in_flight", "max_run", "max_workflow_passes",
+                     "max_open_replicas")
     @classmethod
     def _non_negative(cls, value: int, info: Any) -> int:
         if value < (0 if info.field_name == "busy_timeout_ms" else 1):

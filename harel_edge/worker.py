@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import time
 from collections.abc import Callable
@@ -18,7 +19,6 @@ from typing import Any
 import structlog
 
 from harel_edge import observability, retry
-from harel_edge.connection import EdgeConnection
 from harel_edge.durable import LibsqlCheckpointer, LibsqlDurable, LibsqlScheduler
 from harel_edge.durable import connect as connect_database
 from harel_edge.durable.runtime import DurableWorker, Lost, Outcome, WorkflowFn
@@ -27,6 +27,7 @@ from harel_edge.errors import ConfigurationError
 from harel_edge.heartbeats import Vitals
 from harel_edge.inspection import check_usable, inspect_file
 from harel_edge.queue import EventTransport
+from harel_edge.replicas import Replicas
 from harel_edge.sampler import sample_metrics, send_heartbeat
 from harel_edge.schema_step import prepare
 from harel_edge.settings import EdgeSettings
@@ -138,6 +139,11 @@ class WorkerReport:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def settled(self) -> int:
+        """Events and passes finished one way or another: what the heartbeat counts as done."""
+        return self.acks + self.dead_letters + sum(self.passes.values())
+
     @classmethod
     def total(cls, worker_id: str, reports: dict[str, WorkerReport]) -> WorkerReport:
         """What the workers of several databases did together; each one's error named by its database."""
@@ -230,11 +236,13 @@ async def run_worker(
     rung: asyncio.Event | None = None,
     definitions: dict[str, Any] | None = None,
     share: SharedWindow | None = None,
+    replicas: Replicas | None = None,
 ) -> WorkerReport:
     """Run one worker in this process until `stop` is set; return what it did.
     `rung`: set when a publisher rang the deployment's doorbell for this database. `definitions`:
     the machines already loaded from `options.definitions_dir` (a deployment parses them once).
-    `share`: the process's window, when other databases share it.
+    `share`: the process's window, when other databases share it. `replicas`: the process's
+    embedded replicas, when other databases share their bound (else this one's opens at start).
 
     `ready` is called once the schema is in place and the loops are about to start.
     """
@@ -254,22 +262,22 @@ async def run_worker(
     # One executor for the process: the statecharts' event path and the durable workflows share
     # its coalescing (locally, its one writer); remotely it speaks Hrana from this loop.
     database = await asyncio.to_thread(connect_database, settings)
-    replica: EdgeConnection | None = None
     relaying: asyncio.Task | None = None
+    replicas_run: asyncio.Task | None = None
+    replica_open: Callable[[], bool] | None = None  # whether this database's replica is open now
+    name = settings.database or settings.db_path
     try:
         await prepare(database.executor, settings, migrate=options.migrate, adopt=options.adopt)
         if settings.syncs:
             # The embedded file serves this machine's local reads (status). libsql syncs it in the
             # background: its own `sync()` holds the GIL, which would stall this loop for its length.
-            try:
-                interval = settings.sync_interval or options.sample_every
-                opened = settings.model_copy(update={"sync_interval": interval})
-                replica = await asyncio.to_thread(EdgeConnection, opened)
-            except Exception as exc:  # noqa: BLE001 - only this machine's local reads depend on it
-                log.warning(
-                    "embedded replica not opened: this machine's local reads (status) stay as they are",
-                    error=f"{type(exc).__name__}: {str(exc)[:300]}",
-                )
+            opened = settings.model_copy(update={"sync_interval": settings.sync_interval or options.sample_every})
+            alone = replicas is None
+            if alone:
+                replicas = Replicas(1, idle_close=None)
+                replicas_run = asyncio.create_task(replicas.run(stop), name="replicas")
+            await replicas.keep(name, opened, lambda: report.claims + report.settled, now=alone)
+            replica_open = functools.partial(replicas.is_open, name)
         executor = database.executor
         harel_worker = statechart_worker(
             executor, settings, definitions, report=report, count_groups=options.group_counts, share=share
@@ -315,14 +323,16 @@ async def run_worker(
         def vitals(replica_lag: float | None) -> Vitals:
             window = harel_worker.window if definitions else None
             return Vitals(
-                settled=report.acks + report.dead_letters + sum(report.passes.values()),
+                settled=report.settled,
                 in_flight_target=None if window is None else window.size,
                 latency=None if window is None else window.latency,
                 replica_lag=replica_lag,
             )
 
         sampler = asyncio.create_task(
-            sample_metrics(replica, executor, settings, options.sample_every, stop, vitals, queue=options.sample_queue),
+            sample_metrics(
+                replica_open, executor, settings, options.sample_every, stop, vitals, queue=options.sample_queue,
+            ),
             name="sampler",
         )
         log.info(
@@ -366,8 +376,12 @@ async def run_worker(
         if share is not None:
             share.leave(settings.database)
         await database.aclose()
-        if replica is not None:
-            await asyncio.to_thread(replica.close)
+        if replica_open is not None:
+            await replicas.leave(name)
+        if replicas_run is not None:
+            replicas_run.cancel()  # it ends at `stop`; cancelled, it closes what it holds the same way
+            with contextlib.suppress(asyncio.CancelledError):
+                await replicas_run
     report.seconds = time.monotonic() - started
     log.info(
         "worker stopped",

@@ -1,5 +1,6 @@
 """One worker process: its signals and garbage collector, and the databases it serves: one, or
-each database of a deployment (HAREL_EDGE_DATABASES) side by side, each retried on its own."""
+each database of a deployment (HAREL_EDGE_DATABASES) side by side, each retried on its own,
+their embedded replicas (replica profile) opened as they have work, a bounded number at once."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import structlog
 
 from harel_edge import database_names, doorbell, observability, retry
 from harel_edge.loop_thread import run_main
+from harel_edge.replicas import Replicas
 from harel_edge.settings import EdgeSettings
 from harel_edge.window import SharedWindow
 from harel_edge.worker import WorkerOptions, WorkerReport, load_definitions, run_worker
@@ -67,6 +69,9 @@ async def run_databases(
     # Parsed once for every database: the DSL parser took a quarter of a 50-database drain's CPU.
     definitions = load_definitions(options.definitions_dir)
     window = SharedWindow(settings.max_in_flight)  # each busy database sure of an equal part of it
+    # Each database's replica opened when it has work, closed when idle, a bounded number at once.
+    replicas = Replicas.of_deployment(settings) if settings.syncs else None
+    keeping = None if replicas is None else asyncio.create_task(replicas.run(stop), name="replicas")
     reports: dict[str, WorkerReport] = {}
     running: dict[str, tuple[asyncio.Task, asyncio.Event]] = {}
     rungs: dict[str, asyncio.Event] = {}
@@ -98,7 +103,8 @@ async def run_databases(
 
             try:
                 reports[name] = await run_worker(
-                    one, options, own_stop, ready=started, rung=rungs.get(name), definitions=definitions, share=window
+                    one, options, own_stop, ready=started, rung=rungs.get(name), definitions=definitions, share=window,
+                    replicas=replicas,
                 )
             except Exception:
                 started()  # it is reported, and tried again; the process is up for the others
@@ -129,7 +135,7 @@ async def run_databases(
         await _follow(settings.databases_file, stop, running, start)
     for _task, own_stop in running.values():
         own_stop.set()
-    await asyncio.gather(*(task for task, _ in running.values()), *([listening] if listening else []))
+    await asyncio.gather(*(task for task, _ in running.values()), *(task for task in (listening, keeping) if task))
     return WorkerReport.total(settings.worker_id, reports)
 
 

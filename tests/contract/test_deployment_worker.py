@@ -97,7 +97,7 @@ def test_a_deployments_databases_start_a_few_at_a_time_share_one_parse_of_the_ma
     monkeypatch.setattr(worker_process, "STARTING_AT_ONCE", 2)
     starting, most, failed, machines = set(), [0], set(), []
 
-    async def fake_worker(settings, options, stop, *, ready=None, rung=None, definitions=None, share=None):  # noqa: ANN001, ANN202, ARG001
+    async def fake_worker(settings, options, stop, *, ready=None, rung=None, definitions=None, share=None, replicas=None):  # noqa: ANN001, ANN202, ARG001
         machines.append(definitions)
         starting.add(settings.database)
         most[0] = max(most[0], len(starting))
