@@ -1,7 +1,7 @@
 """What an embedded replica's sync_interval costs and buys, measured on a real sqld.
 
 Run: `.venv/bin/python benchmarks/bench_sync_interval.py [--quick] [--backend binary|docker]
-[--sections lag,idle,bootstrap]`. Prints one table per section; docs/tuning.md reports them.
+[--sections lag,idle,replicas,bootstrap]`. Prints one table per section; docs/tuning.md reports them.
 
 - lag: a row written on the primary (remote connection) until the replica's LOCAL read returns it,
   polled every 0.5 ms. Each write waits a random part of the interval first, so writes land at
@@ -10,6 +10,10 @@ Run: `.venv/bin/python benchmarks/bench_sync_interval.py [--quick] [--backend bi
 - idle: what the background sync costs when nothing happens: CPU of the replica's process and of
   sqld (binary backend: /proc), per second of wall time, one replica. 0.01 s is below the
   settings' floor and is opened with the raw driver to show why the floor is there.
+- replicas: what many idle replicas open at once cost, and what closing them gives back: the
+  requests they send the primary a second (writes through a loopback proxy) and the files they
+  hold (this process's /proc/self/fd), open, after `EdgeConnection.close()`, and with the
+  driver's own `close()` on a connection still referenced.
 - bootstrap: opening a NEW replica (connect + first sync) after 0, 10k and 50k write
   transactions on the primary (autocommitted single-row INSERTs, sent 200 to a request), with
   sqld's defaults and with `--max-log-size 8` (sqld then compacts its replication log into a
@@ -22,6 +26,7 @@ mechanism's, not the network's.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import statistics
@@ -39,6 +44,7 @@ from harel_edge.connection import EdgeConnection  # noqa: E402
 from harel_edge.settings import ExplicitSettings  # noqa: E402
 from harel_edge.sync_sql import Statements  # noqa: E402
 from harel_edge.testing import start_sqld_primary  # noqa: E402
+from harel_edge.testing.proxy import LatencyProxy  # noqa: E402
 
 INTERVALS = [0.05, 0.1, 0.5, 1.0, 2.0, 5.0]
 COMPACT_MB = 8  # --max-log-size for the compacted bootstrap rows
@@ -55,7 +61,7 @@ def replica_settings(server, path: Path, interval: float | None, **extra) -> Exp
     return ExplicitSettings.load(
         profile="replica",
         db_path=str(path),
-        sync_url=server.http_url,
+        sync_url=extra.pop("sync_url", server.http_url),
         auth_token=server.rw_token,
         sync_interval=interval,
         **extra,
@@ -156,6 +162,50 @@ def section_idle(backend: str, quick: bool) -> None:
             print(f"{label:>14} {mine_pct:14.2f} {theirs_pct}")
 
 
+# ---- many replicas ---------------------------------------------------------------------------------
+
+
+def open_files() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def section_replicas(backend: str, quick: bool) -> None:
+    count, window = (10, 3.0) if quick else (50, 6.0)
+    print(f"\n## {count} idle replicas at once: requests to the primary a second and open files, {window:g} s each")
+    print(f"{'sync_interval':>14} {'state':>34} {'requests/s':>11} {'files each':>11}")
+    with start_sqld_primary(backend=backend) as server, tempfile.TemporaryDirectory() as tmp, LatencyProxy(
+        int(server.http_url.rsplit(":", 1)[1]), 0.0
+    ) as proxy:
+
+        def sent_a_second() -> float:
+            before, began = proxy.stats()["chunks_up"], time.perf_counter()
+            time.sleep(window)
+            return (proxy.stats()["chunks_up"] - before) / (time.perf_counter() - began)
+
+        def row(interval: float, state: str, baseline: int) -> None:
+            rate = sent_a_second()
+            print(f"{interval:14g} {state:>34} {rate:11.1f} {(open_files() - baseline) / count:11.1f}")
+
+        for interval in (1.0, 5.0):
+            gc.collect()
+            time.sleep(window)  # what the last round dropped is given back on the driver's threads
+            baseline = open_files()
+            replicas = [
+                EdgeConnection(replica_settings(server, Path(tmp) / f"r{interval}-{i}.db", interval, sync_url=proxy.url))
+                for i in range(count)
+            ]
+            row(interval, "open", baseline)
+            for replica in replicas:
+                replica.close()
+            row(interval, "EdgeConnection.close()", baseline)
+            raw = [libsql.connect(str(Path(tmp) / f"raw{interval}-{i}.db"), sync_url=proxy.url, auth_token=server.rw_token,
+                                  sync_interval=interval, isolation_level=None) for i in range(count)]
+            for connection in raw:
+                connection.close()
+            row(interval, "driver close(), still referenced", baseline)
+            del raw, connection
+
+
 # ---- bootstrap ------------------------------------------------------------------------------------
 
 
@@ -222,6 +272,7 @@ def section_bootstrap(backend: str, quick: bool) -> None:
 SECTIONS = {
     "lag": section_lag,
     "idle": section_idle,
+    "replicas": section_replicas,
     "bootstrap": section_bootstrap,
 }
 

@@ -24,6 +24,7 @@ from harel_edge.queue import LibsqlTransport, Message
 from harel_edge.replicas import FILES_PER_REPLICA, Replicas
 from harel_edge.settings import ExplicitSettings
 from harel_edge.store import EdgeStore
+from harel_edge.testing.proxy import LatencyProxy
 from harel_edge.worker import WorkerOptions
 from harel_edge.worker_process import run_process
 
@@ -33,8 +34,14 @@ EXAMPLES = str(Path(actions.__file__).parent)
 STEPS = (("Start", {}), ("Pay", {"amount": 2.0}), ("Ship", {}), ("Deliver", {}))
 
 
-def replica(server, path: Path) -> ExplicitSettings:
-    return ExplicitSettings.load(profile="replica", db_path=str(path), sync_url=server.http_url, auth_token=server.rw_token)
+def replica(server, path: Path, *, sync_url: str | None = None) -> ExplicitSettings:
+    return ExplicitSettings.load(
+        profile="replica", db_path=str(path), sync_url=sync_url or server.http_url, auth_token=server.rw_token,
+        sync_interval=SYNC_EVERY,
+    )
+
+
+SYNC_EVERY = 0.1
 
 
 def files_open_under(directory: Path) -> int:
@@ -60,9 +67,17 @@ def test_replicas_open_as_their_databases_work_stay_within_the_bound_and_close_a
         await replicas.opened()
         return {name for name in work if replicas.is_open(name)}
 
+    proxy = LatencyProxy(urlsplit(module_sqld_primary.http_url).port, 0.0)  # counts what goes to the primary
+
+    async def sent_while(seconds: float) -> int:
+        before = proxy.stats()["bytes_up"]
+        await asyncio.sleep(seconds)  # a window to observe, not a wait for something to happen
+        return proxy.stats()["bytes_up"] - before
+
     async def main() -> None:
         for name in work:
-            await replicas.keep(name, replica(module_sqld_primary, tmp_path / f"{name}.db"), lambda name=name: work[name])
+            settings = replica(module_sqld_primary, tmp_path / f"{name}.db", sync_url=proxy.url)
+            await replicas.keep(name, settings, lambda name=name: work[name])
         assert await look() == set(), "no work, no replica"
         assert files_open_under(tmp_path) == 0 and not list(tmp_path.iterdir()), "not even made"
         work["a"] += 1
@@ -75,14 +90,16 @@ def test_replicas_open_as_their_databases_work_stay_within_the_bound_and_close_a
         clock[0] += 6  # a quiet for 11 s, b and c for 6
         assert await look() == {"b", "c"}, "a's replica closed, and c, waiting, took its room"
         clock[0] += 20
+        assert await sent_while(5 * SYNC_EVERY) > 0, "open replicas sync in the background"
         assert await look() == set()
         assert files_open_under(tmp_path) == 0, "every file given back"
+        assert await sent_while(5 * SYNC_EVERY) == 0, "a closed replica syncs no more (libsql's close alone goes on)"
         work["a"] += 1
         assert await look() == {"a"}, "work again: opened again"
         await replicas.leave("a")
         assert not replicas.is_open("a") and files_open_under(tmp_path) == 0
 
-    with structlog.testing.capture_logs() as logs:
+    with proxy, structlog.testing.capture_logs() as logs:
         asyncio.run(main())
     waited = [entry for entry in logs if entry["event"].startswith("busy databases wait for an embedded replica")]
     assert len(waited) == 1 and waited[0]["waiting"] == 1, "said once, while c waited"
