@@ -229,10 +229,15 @@ def _sync_health(settings: EdgeSettings) -> Check:
     expected = settings.sync_interval or 5.0
     detail = f"last synced {age:.1f} s ago"
     if age > max(60.0, 10 * expected):
+        idle = (
+            f"; or the database had no work for HAREL_EDGE_REPLICA_IDLE_CLOSE ({settings.replica_idle_close:g} s): "
+            "a deployment's worker then closes its replica, which syncs again when work comes"
+            if settings.database is not None else ""
+        )
         return Check(
             "sync health",
             "warn",
             detail + " (no worker may be running here, or its syncs fail)",
-            "check the workers' logs for 'sync failed' lines and the harel_edge_sync_failures metric",
+            "check the workers' logs for 'sync failed' lines and the harel_edge_sync_failures metric" + idle,
         )
     return Check("sync health", "ok", detail)
