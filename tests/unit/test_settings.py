@@ -117,6 +117,9 @@ def test_the_token_never_appears_in_repr_str_or_config_show(monkeypatch):
         ({"HAREL_EDGE_PUBLISH_WINDOW": "nan"}, "HAREL_EDGE_PUBLISH_WINDOW", "out of range"),
         ({"HAREL_EDGE_MAX_RUN": "0"}, "HAREL_EDGE_MAX_RUN", "positive whole number"),
         ({"HAREL_EDGE_MAX_RUN": "2001"}, "HAREL_EDGE_MAX_RUN=2001", "set 1 to 2000 events"),
+        ({"HAREL_EDGE_MAX_OPEN_REPLICAS": "0"}, "HAREL_EDGE_MAX_OPEN_REPLICAS", "positive whole number"),
+        ({"HAREL_EDGE_REPLICA_IDLE_CLOSE": "0"}, "HAREL_EDGE_REPLICA_IDLE_CLOSE=0", "above 0"),
+        ({"HAREL_EDGE_REPLICA_IDLE_CLOSE": "nan"}, "HAREL_EDGE_REPLICA_IDLE_CLOSE", "above 0"),
         (
             {"HAREL_EDGE_PUBLISH_WINDOW": "120", "HAREL_EDGE_RETRY_DEADLINE": "300"},
             "HAREL_EDGE_PUBLISH_WINDOW=120 is shorter than HAREL_EDGE_RETRY_DEADLINE=300",
