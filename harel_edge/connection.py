@@ -193,10 +193,10 @@ class EdgeConnection:
 
     def close(self) -> None:
         self._closed = True
+        raw, self._raw = self._raw, None  # dropped even if its close fails: only that stops a replica's syncs
         try:
-            if self._raw is not None:
-                self._raw.close()
-                self._raw = None
+            if raw is not None:
+                raw.close()
         finally:
             self._release_replica_file()
 

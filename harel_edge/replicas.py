@@ -124,8 +124,8 @@ class Replicas:
         for kept in list(self._kept.values()):
             if kept.connection is not None and not self._recent(kept, now):
                 await self._close(kept, f"no work for {self.idle_close:g} s")
-        wanting = sorted(
-            (kept.busy_at, name) for name, kept in self._kept.items()
+        wanting = sorted(  # the most recently busy first: the one likeliest still to work
+            (-kept.busy_at, name) for name, kept in self._kept.items()
             if self._recent(kept, now) and kept.connection is None and not kept.opening
             and (kept.failed_at is None or now - kept.failed_at >= OPEN_AGAIN_AFTER)
         )
@@ -155,7 +155,12 @@ class Replicas:
         kept.opening = True
         try:
             async with self._open_slots:
-                connection = await asyncio.to_thread(EdgeConnection, kept.settings)
+                opening = asyncio.ensure_future(asyncio.to_thread(EdgeConnection, kept.settings))
+                try:
+                    connection = await asyncio.shield(opening)  # its thread goes on if we are cancelled
+                except asyncio.CancelledError:
+                    opening.add_done_callback(_close_when_opened)
+                    raise
         except Exception as exc:  # noqa: BLE001 - only this machine's local reads depend on it
             kept.failed_at = self.clock()
             log.warning(
@@ -180,3 +185,9 @@ class Replicas:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(connection.close)
         log.info("embedded replica closed", database=kept.settings.database, reason=why, open=self.open_count())
+
+
+def _close_when_opened(opening: asyncio.Future) -> None:
+    """Close a replica whose opening was abandoned, once its thread has made it."""
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()
