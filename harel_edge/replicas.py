@@ -64,7 +64,7 @@ class Replicas:
         not all be open under this process's limit on open files."""
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         needed = settings.max_open_replicas * FILES_PER_REPLICA
-        if settings.syncs and soft != resource.RLIM_INFINITY and needed > soft:
+        if soft != resource.RLIM_INFINITY and needed > soft:
             raise ConfigurationError(
                 f"HAREL_EDGE_MAX_OPEN_REPLICAS={settings.max_open_replicas} replicas hold about {needed} open files, "
                 f"more than this process may open ({soft}, `ulimit -n`): lower HAREL_EDGE_MAX_OPEN_REPLICAS to "
@@ -83,7 +83,7 @@ class Replicas:
         """Keep `name`'s replica (its settings', profile replica) while it is served: opened when
         `settled()` moves, or with `now` at once (a process's only database syncs at start)."""
         await self.leave(name)  # a database's worker started again: one replica of a file at a time
-        kept = _Kept(settings.model_copy(), settled, seen=settled())
+        kept = _Kept(settings, settled, seen=settled())
         self._kept[name] = kept
         if now:
             kept.busy_at = self.clock()
