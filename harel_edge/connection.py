@@ -266,22 +266,24 @@ def _open(settings: EdgeSettings) -> Any:
         raise explain_connect_error(settings, exc) from None
 
 
-def _probe_primary(settings: EdgeSettings) -> Exception | None:
-    """Ask the primary directly (over Hrana) why a replica could not sync: an `AuthError` when it
-    refuses the token, a `PrimaryUnavailableError` when it cannot be reached, None when it answers."""
+async def primary_answers(settings: EdgeSettings) -> None:
+    """Ask a replica's primary a `SELECT 1` over Hrana, off the driver (which holds the GIL while it
+    waits): `AuthError` when it refuses the token, `PrimaryUnavailableError` when it cannot be reached."""
     from harel_edge.executor.remote import HranaExecutor  # noqa: PLC0415 - aiohttp, for replicas only
 
     primary = HranaExecutor(settings.model_copy(update={"profile": "sqld", "url": settings.sync_url, "sync_url": None}))
+    try:
+        await primary.execute(Stmt("SELECT 1"))
+    finally:
+        await primary.aclose()
 
-    async def ask() -> None:
-        try:
-            await primary.execute(Stmt("SELECT 1"))
-        finally:
-            await primary.aclose()
 
+def _probe_primary(settings: EdgeSettings) -> Exception | None:
+    """Why a replica could not sync, asked of its primary: an `AuthError` or a
+    `PrimaryUnavailableError` (`primary_answers`), None when it answers."""
     bridge = LoopThread("harel-edge-probe")
     try:
-        bridge.call(ask())
+        bridge.call(primary_answers(settings))
     except (AuthError, PrimaryUnavailableError) as exc:
         return exc
     except Exception:  # noqa: BLE001 - the primary answered: the sync's own error is the one to report

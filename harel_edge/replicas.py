@@ -14,15 +14,20 @@ from dataclasses import dataclass
 import structlog
 
 from harel_edge import retry
-from harel_edge.connection import EdgeConnection
-from harel_edge.errors import ConfigurationError
+from harel_edge.connection import EdgeConnection, primary_answers
+from harel_edge.errors import AuthError, ConfigurationError, PrimaryUnavailableError
 from harel_edge.settings import EdgeSettings
 
 # Measured with libsql 0.1.8 (docs/deploy.md): the file twice, its -wal, -shm and
 # -client_wal_index, and about three sockets to the primary; all given back at close.
 FILES_PER_REPLICA = 8
 LOOK_EVERY = 1.0  # seconds between looks at which databases did work
-OPEN_AGAIN_AFTER = 30.0  # seconds before a replica that would not open is tried again
+OPEN_AGAIN_AFTER = 30.0  # seconds before a replica that would not open is tried again, doubled each time
+OPEN_AGAIN_AT_MOST = 600.0  # the longest wait between two tries
+# libsql opens a replica holding the GIL until its primary answers, however long (measured: a paused
+# primary froze the whole process for as long as it was paused), so an open waits for the primary to
+# answer over Hrana first, for this long at most.
+PRIMARY_ANSWERS_WITHIN = 5.0
 # Replicas opening at once: each opens and syncs on a thread of the loop's default executor, which
 # the worker's other blocking calls share.
 OPENING_AT_ONCE = 2
@@ -34,14 +39,23 @@ log = structlog.get_logger("harel_edge.worker")
 class _Kept:
     """One database's replica and what says it is busy."""
 
+    name: str  # the database's, or its file's when a process serves one
     settings: EdgeSettings
     settled: Callable[[], int]
     seen: int = 0  # settled() at the last look
     busy_at: float | None = None  # when work was last seen (monotonic); None: none yet
     connection: EdgeConnection | None = None
-    opening: bool = False
+    opening: asyncio.Task | None = None
     failed_at: float | None = None
+    failures: int = 0  # opens failed in a row
+    given_up: bool = False  # a failure that trying again cannot mend (a refused token, a bad path)
     left: bool = False
+
+    def may_try_at(self) -> float:
+        """When an open may be tried again after the failures so far."""
+        if self.failed_at is None:
+            return float("-inf")
+        return self.failed_at + min(OPEN_AGAIN_AFTER * 2 ** (self.failures - 1), OPEN_AGAIN_AT_MOST)
 
 
 class Replicas:
@@ -83,18 +97,21 @@ class Replicas:
         """Keep `name`'s replica (its settings', profile replica) while it is served: opened when
         `settled()` moves, or with `now` at once (a process's only database syncs at start)."""
         await self.leave(name)  # a database's worker started again: one replica of a file at a time
-        kept = _Kept(settings, settled, seen=settled())
+        kept = _Kept(name, settings, settled, seen=settled())
         self._kept[name] = kept
         if now:
             kept.busy_at = self.clock()
-            await self._open(kept)
+            await self._start_open(kept)
 
     async def leave(self, name: str) -> None:
-        """`name` is no longer served: its replica is closed (one being opened, once it is)."""
+        """`name` is no longer served: its replica is closed (one being opened, once it is, so its
+        file is free again when this returns)."""
         kept = self._kept.pop(name, None)
         if kept is None:
             return
         kept.left = True
+        if kept.opening is not None:
+            await asyncio.wait([kept.opening])  # it closes what it opens, since it was left
         await self._close(kept, "its database is no longer served")
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -102,7 +119,10 @@ class Replicas:
         room allows, and close those idle for `idle_close`; at the end, close every one."""
         try:
             while not stop.is_set():
-                await self.look()
+                try:
+                    await self.look()
+                except Exception as exc:  # noqa: BLE001 - the next look tries again; the worker goes on
+                    log.error("looking at the embedded replicas failed", error=f"{type(exc).__name__}: {str(exc)[:300]}")
                 await retry.wait_any([stop], LOOK_EVERY)
         finally:
             for kept in list(self._kept.values()):
@@ -126,16 +146,14 @@ class Replicas:
                 await self._close(kept, f"no work for {self.idle_close:g} s")
         wanting = sorted(  # the most recently busy first: the one likeliest still to work
             (-kept.busy_at, name) for name, kept in self._kept.items()
-            if self._recent(kept, now) and kept.connection is None and not kept.opening
-            and (kept.failed_at is None or now - kept.failed_at >= OPEN_AGAIN_AFTER)
+            if self._recent(kept, now) and kept.connection is None and kept.opening is None
+            and not kept.given_up and now >= kept.may_try_at()
         )
-        room = self.max_open - sum(kept.connection is not None or kept.opening for kept in self._kept.values())
+        room = self.max_open - sum(
+            kept.connection is not None or kept.opening is not None for kept in self._kept.values()
+        )
         for _busy_at, name in wanting[: max(0, room)]:
-            kept = self._kept[name]
-            kept.opening = True
-            task = asyncio.create_task(self._open(kept), name=f"replica:{name}")
-            self._opening.add(task)
-            task.add_done_callback(self._opening.discard)
+            self._start_open(self._kept[name])
         waiting = len(wanting) - max(0, room)
         if waiting > 0 and not self._full_said:
             log.warning(
@@ -151,32 +169,57 @@ class Replicas:
             return False
         return self.idle_close is None or now - kept.busy_at < self.idle_close
 
+    def _start_open(self, kept: _Kept) -> asyncio.Task:
+        task = asyncio.create_task(self._open(kept), name=f"replica:{kept.name}")
+        kept.opening = task
+        self._opening.add(task)
+        task.add_done_callback(self._opening.discard)
+        return task
+
     async def _open(self, kept: _Kept) -> None:
-        kept.opening = True
+        # One attempt an open: this class tries again, OPEN_AGAIN_AFTER apart, so a stop waits for one at most.
+        settings = kept.settings.model_copy(update={"retry_attempts": 1})
         try:
             async with self._open_slots:
-                opening = asyncio.ensure_future(asyncio.to_thread(EdgeConnection, kept.settings))
+                try:
+                    await asyncio.wait_for(primary_answers(settings), PRIMARY_ANSWERS_WITHIN)
+                except TimeoutError:
+                    raise PrimaryUnavailableError(
+                        f"the primary did not answer within {PRIMARY_ANSWERS_WITHIN:g} s"
+                    ) from None
+                opening = asyncio.ensure_future(asyncio.to_thread(EdgeConnection, settings))
                 try:
                     connection = await asyncio.shield(opening)  # its thread goes on if we are cancelled
                 except asyncio.CancelledError:
                     opening.add_done_callback(_close_when_opened)
                     raise
         except Exception as exc:  # noqa: BLE001 - only this machine's local reads depend on it
-            kept.failed_at = self.clock()
-            log.warning(
-                "embedded replica not opened: this machine's local reads (status) stay as they are",
-                database=kept.settings.database, retry_in=OPEN_AGAIN_AFTER,
-                error=f"{type(exc).__name__}: {str(exc)[:300]}",
-            )
+            self._failed(kept, exc)
             return
         finally:
-            kept.opening = False
-        kept.failed_at = None
+            kept.opening = None
+        kept.failed_at, kept.failures = None, 0
         if kept.left:  # stopped serving it while it opened
             await asyncio.to_thread(connection.close)
             return
         kept.connection = connection
-        log.info("embedded replica opened", database=kept.settings.database, open=self.open_count())
+        log.info("embedded replica opened", database=kept.name, open=self.open_count())
+
+    def _failed(self, kept: _Kept, exc: Exception) -> None:
+        kept.failed_at, kept.failures = self.clock(), kept.failures + 1
+        error = f"{type(exc).__name__}: {str(exc)[:300]}"
+        if isinstance(exc, (AuthError, ConfigurationError)):  # the same again until the worker restarts
+            kept.given_up = True
+            log.error(
+                "embedded replica not opened, and not tried again: this machine's local reads (status) stay as "
+                "they are", database=kept.name, error=error,
+                hint="mend what the error names (the token, the sync URL, the file) and restart the worker",
+            )
+            return
+        log.warning(
+            "embedded replica not opened: this machine's local reads (status) stay as they are",
+            database=kept.name, retry_in=kept.may_try_at() - kept.failed_at, error=error,
+        )
 
     async def _close(self, kept: _Kept, why: str) -> None:
         connection, kept.connection = kept.connection, None
@@ -184,7 +227,7 @@ class Replicas:
             return
         with contextlib.suppress(Exception):
             await asyncio.to_thread(connection.close)
-        log.info("embedded replica closed", database=kept.settings.database, reason=why, open=self.open_count())
+        log.info("embedded replica closed", database=kept.name, reason=why, open=self.open_count())
 
 
 def _close_when_opened(opening: asyncio.Future) -> None:

@@ -375,13 +375,15 @@ async def run_worker(
             relaying.cancel()
         if share is not None:
             share.leave(settings.database)
-        await database.aclose()
-        if replica_open is not None:
-            await replicas.leave(name)
-        if replicas_run is not None:
-            replicas_run.cancel()  # it ends at `stop`; cancelled, it closes what it holds the same way
-            with contextlib.suppress(asyncio.CancelledError):
-                await replicas_run
+        try:
+            await database.aclose()
+        finally:  # the replica's files and syncs are given back even when the close above fails
+            if replica_open is not None:
+                await replicas.leave(name)
+            if replicas_run is not None:
+                replicas_run.cancel()  # it ends at `stop`; cancelled, it closes what it holds the same way
+                with contextlib.suppress(asyncio.CancelledError):
+                    await replicas_run
     report.seconds = time.monotonic() - started
     log.info(
         "worker stopped",

@@ -15,6 +15,7 @@ import pytest
 import structlog
 from harel.engine.execution import Execution
 from harel.spec.states import Event
+from pydantic import SecretStr
 
 import harel_edge.examples.actions as actions
 from harel_edge import migration
@@ -201,3 +202,118 @@ def seed(settings, orders: int) -> None:
 def depth(settings) -> int:
     with LibsqlTransport(settings=settings, create_schema=False) as transport:
         return transport.depth()
+
+
+def test_a_replica_left_while_it_opens_is_closed_once_opened_and_its_file_is_free_again(module_sqld_primary, tmp_path):
+    work = {"a": 1}
+    replicas = Replicas(1, idle_close=None)
+    proxy = LatencyProxy(urlsplit(module_sqld_primary.http_url).port, 0.1)  # an open takes a few round trips
+    settings = replica(module_sqld_primary, tmp_path / "a.db", sync_url=proxy.url)
+
+    async def main() -> None:
+        await replicas.keep("a", settings, lambda: work["a"])
+        work["a"] += 1
+        await replicas.look()
+        assert not replicas.is_open("a"), "still opening"
+        await replicas.leave("a")  # a database's worker stopping while its replica opens
+        assert not replicas.is_open("a") and replicas.open_count() == 0
+        assert await files_given_back(tmp_path), "what the open made is closed"
+        await replicas.keep("a", settings, lambda: work["a"], now=True)  # started again: the file is free
+        assert replicas.is_open("a")
+        await replicas.leave("a")
+
+    with proxy, structlog.testing.capture_logs() as logs:
+        asyncio.run(main())
+    assert not [entry for entry in logs if entry["event"].startswith("embedded replica not opened")], logs
+
+
+def test_a_replica_whose_primary_does_not_answer_is_not_opened_and_the_loop_goes_on_until_it_answers(
+    fresh_sqld_primary, tmp_path
+):
+    # libsql opens a replica holding the GIL until its primary answers: opened against a paused
+    # primary, the whole process would stop with it.
+    clock = [0.0]
+    work = {"a": 0}
+    replicas = Replicas(1, idle_close=None, clock=lambda: clock[0])
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.05)
+            ticks += 1
+
+    async def main() -> None:
+        nonlocal ticks
+        await replicas.keep("a", replica(fresh_sqld_primary, tmp_path / "a.db"), lambda: work["a"])
+        running = asyncio.create_task(ticker())
+        fresh_sqld_primary.pause()
+        try:
+            work["a"] += 1
+            await replicas.look()
+            await asyncio.wait_for(replicas.opened(), 60)  # a hang guard
+            assert ticks > 0, "the loop ran while the open waited"
+            assert not replicas.is_open("a")
+        finally:
+            fresh_sqld_primary.resume()
+            running.cancel()
+        clock[0] += 29
+        await replicas.look()
+        await replicas.opened()
+        assert not replicas.is_open("a"), "tried again after 30 s, not before"
+        clock[0] += 1
+        await replicas.look()
+        await replicas.opened()
+        assert replicas.is_open("a"), "the primary answers again: opened"
+        await replicas.leave("a")
+
+    with structlog.testing.capture_logs() as logs:
+        asyncio.run(main())
+    failed = [entry for entry in logs if entry["event"].startswith("embedded replica not opened")]
+    assert len(failed) == 1 and failed[0]["retry_in"] == 30.0, failed
+    assert "did not answer within 5 s" in failed[0]["error"]
+
+
+def test_a_replica_whose_token_is_refused_is_not_tried_again(module_sqld_primary, tmp_path):
+    clock = [0.0]
+    work = {"a": 0}
+    replicas = Replicas(1, idle_close=None, clock=lambda: clock[0])
+    settings = replica(module_sqld_primary, tmp_path / "a.db").model_copy(update={"auth_token": SecretStr("not-a-token")})
+
+    async def main() -> None:
+        await replicas.keep("a", settings, lambda: work["a"])
+        for _ in range(3):
+            work["a"] += 1
+            await replicas.look()
+            await replicas.opened()
+            clock[0] += 1000
+
+    with structlog.testing.capture_logs() as logs:
+        asyncio.run(main())
+    failed = [entry for entry in logs if entry["event"].startswith("embedded replica not opened")]
+    assert len(failed) == 1 and "not tried again" in failed[0]["event"], failed
+    assert "restart the worker" in failed[0]["hint"]
+    assert "not-a-token" not in str(logs)
+    assert not list(tmp_path.iterdir()), "no file made"
+
+
+def test_the_replicas_run_opens_as_work_comes_and_closes_every_one_at_its_stop(module_sqld_primary, tmp_path):
+    work = {"a": 0}
+    replicas = Replicas(1, idle_close=None)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        await replicas.keep("a", replica(module_sqld_primary, tmp_path / "a.db"), lambda: work["a"])
+        running = asyncio.create_task(replicas.run(stop))
+        work["a"] += 1
+        for _ in range(300):  # a hang guard (30 s): its next look opens it
+            if replicas.is_open("a"):
+                break
+            await asyncio.sleep(0.1)
+        assert replicas.is_open("a")
+        stop.set()
+        await asyncio.wait_for(running, 30)
+        assert replicas.open_count() == 0
+        assert await files_given_back(tmp_path)
+
+    asyncio.run(main())
