@@ -69,7 +69,6 @@ class Replicas:
         self.clock = clock
         self._kept: dict[str, _Kept] = {}
         self._full_said = False
-        self._opening: set[asyncio.Task] = set()
         self._open_slots = asyncio.Semaphore(OPENING_AT_ONCE)
 
     @classmethod
@@ -132,7 +131,8 @@ class Replicas:
 
     async def opened(self) -> None:
         """Wait for the replicas being opened, opened or failed."""
-        await asyncio.gather(*self._opening, return_exceptions=True)
+        # A left database's open is waited for by its `leave`: those still kept are the ones to wait for.
+        await asyncio.gather(*(kept.opening for kept in self._kept.values() if kept.opening), return_exceptions=True)
 
     async def look(self) -> None:
         """One look: which databases did work since the last, and what to open and close for it."""
@@ -172,8 +172,6 @@ class Replicas:
     def _start_open(self, kept: _Kept) -> asyncio.Task:
         task = asyncio.create_task(self._open(kept), name=f"replica:{kept.name}")
         kept.opening = task
-        self._opening.add(task)
-        task.add_done_callback(self._opening.discard)
         return task
 
     async def _open(self, kept: _Kept) -> None:
